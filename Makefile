@@ -1,0 +1,37 @@
+# One venv under .venv; every target is idempotent.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+TORCH   := torch==2.13.0
+DATA    ?= ./comprl_data
+
+.PHONY: setup run test bench chromium clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip "setuptools<81" wheel
+	# The CPU wheel of torch first: a bare `torch` would pull a multi-GB CUDA build.
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+run: setup
+	HF_HUB_OFFLINE=1 $(BIN)/comprl app --demo --data-dir $(DATA)
+
+chromium:
+	@command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ] || \
+	  { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) ; } || \
+	  echo "chromium not installed: browser tests will be skipped"
+
+test: setup chromium
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests
+
+bench: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV)
