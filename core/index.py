@@ -1,0 +1,187 @@
+"""The vector index: the only code that touches faiss (DESIGN.md habit 6).
+
+Inner product over unit vectors (= cosine). One faiss index per filter group (an env or a task,
+or one group for the whole library), id-mapped by entry id, so that retrieval restricted to the
+actor's own env never scans or filters other envs' entries, and an update or delete touches one
+id instead of rebuilding.
+
+- flat: exact. `IndexIDMap2(IndexFlatIP)`, add and remove by id.
+- ivf:  approximate, `IndexIVFFlat` (inner product), trained on the group's vectors at build
+        time; add and remove by id.
+- hnsw: approximate, `IndexHNSWFlat`. HNSW cannot remove, so removed ids become tombstones that
+        searches skip, and the group is rebuilt once tombstones pass a quarter of its size.
+
+GPU faiss is used for flat groups when it is importable and a GPU is present (config
+`index.use_gpu`); the choice is logged once.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+import faiss
+import numpy as np
+
+from core.config import ConfigError, IndexConfig
+
+log = logging.getLogger(__name__)
+
+
+def gpu_available() -> bool:
+    return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
+
+
+@dataclass
+class _Group:
+    index: faiss.Index
+    vectors: dict[int, np.ndarray] = field(default_factory=dict)  # id -> vector, to rebuild and to train IVF
+    tombstones: set[int] = field(default_factory=set)
+
+
+class VectorIndex:
+    """Not thread-safe for writes; the ExperienceManager serialises writes under its writer lock.
+    Concurrent `search` calls are safe (faiss searches are const)."""
+
+    def __init__(self, dim: int, cfg: IndexConfig | None = None):
+        self.dim = dim
+        self.cfg = cfg or IndexConfig()
+        self._groups: dict[str, _Group] = {}
+        self._group_of: dict[int, str] = {}
+        self._gpu_res = None
+        want_gpu = self.cfg.use_gpu == "always" or (self.cfg.use_gpu == "auto" and gpu_available())
+        if self.cfg.use_gpu == "always" and not gpu_available():
+            raise ConfigError("index.use_gpu is 'always' but faiss-gpu or a GPU is missing; pip install -e '.[gpu]' or set it to 'auto'")
+        if want_gpu and self.cfg.kind == "flat":
+            self._gpu_res = faiss.StandardGpuResources()
+        self.backend = f"faiss-{'gpu' if self._gpu_res is not None else 'cpu'} {faiss.__version__} ({self.cfg.kind})"
+        log.info("vector index: %s", self.backend)
+
+    # -- building ----------------------------------------------------------------------------
+
+    def _new_index(self, vecs: np.ndarray) -> faiss.Index:
+        kind = self.cfg.kind
+        if kind == "flat":
+            idx: faiss.Index = faiss.IndexIDMap2(faiss.IndexFlatIP(self.dim))
+            if self._gpu_res is not None:
+                idx = faiss.index_cpu_to_gpu(self._gpu_res, 0, idx)
+            return idx
+        if kind == "hnsw":
+            h = faiss.IndexHNSWFlat(self.dim, self.cfg.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+            h.hnsw.efConstruction = self.cfg.hnsw_ef_construction
+            h.hnsw.efSearch = self.cfg.hnsw_ef_search
+            return faiss.IndexIDMap2(h)
+        # ivf: too few vectors to train cells -> exact search until the group grows (rebuild below).
+        n = len(vecs)
+        nlist = self.cfg.ivf_nlist or max(1, int(4 * math.sqrt(max(n, 1))))
+        if n < 39 * nlist or n < 256:
+            return faiss.IndexIDMap2(faiss.IndexFlatIP(self.dim))
+        quant = faiss.IndexFlatIP(self.dim)
+        ivf = faiss.IndexIVFFlat(quant, self.dim, nlist, faiss.METRIC_INNER_PRODUCT)
+        ivf.train(vecs)
+        ivf.nprobe = self.cfg.ivf_nprobe
+        return ivf
+
+    def _build_group(self, name: str, vectors: dict[int, np.ndarray]) -> None:
+        ids = np.fromiter(vectors, dtype=np.int64, count=len(vectors))
+        vecs = np.stack(list(vectors.values())).astype(np.float32) if vectors else np.zeros((0, self.dim), np.float32)
+        g = _Group(self._new_index(vecs), dict(vectors))
+        if len(ids):
+            g.index.add_with_ids(vecs, ids)
+        self._groups[name] = g
+
+    def rebuild(self, ids: np.ndarray, vectors: np.ndarray, groups: list[str]) -> None:
+        """Replace everything (start-up, or after the store says the library was rewritten)."""
+        self._check(vectors)
+        by_group: dict[str, dict[int, np.ndarray]] = {}
+        for i, v, g in zip(ids.tolist(), vectors, groups):
+            by_group.setdefault(g, {})[i] = v
+        self._groups.clear()
+        self._group_of = {i: g for i, g in zip(ids.tolist(), groups)}
+        for g, vecs in by_group.items():
+            self._build_group(g, vecs)
+
+    def _check(self, vectors: np.ndarray) -> None:
+        if vectors.size and (vectors.ndim != 2 or vectors.shape[1] != self.dim):
+            raise ValueError(f"vectors must have shape (n, {self.dim}), got {vectors.shape}")
+
+    # -- incremental changes ---------------------------------------------------------------------
+
+    def upsert(self, ids: np.ndarray, vectors: np.ndarray, groups: list[str]) -> None:
+        self._check(vectors)
+        self.remove(ids)
+        for i, v, gname in zip(ids.tolist(), np.asarray(vectors, dtype=np.float32), groups):
+            g = self._groups.get(gname)
+            if g is None:
+                self._build_group(gname, {i: v})
+            else:
+                g.vectors[i] = v
+                g.tombstones.discard(i)
+                g.index.add_with_ids(v[None, :], np.array([i], dtype=np.int64))
+                # An IVF group that started exact gets its cells once it is big enough.
+                if self.cfg.kind == "ivf" and isinstance(g.index, faiss.IndexIDMap2) and len(g.vectors) in (256, 1024, 4096, 16384, 65536):
+                    self._build_group(gname, g.vectors)
+            self._group_of[i] = gname
+
+    def remove(self, ids: np.ndarray | list[int]) -> None:
+        for i in [int(x) for x in np.asarray(ids).tolist()]:
+            gname = self._group_of.pop(i, None)
+            if gname is None:
+                continue
+            g = self._groups[gname]
+            g.vectors.pop(i, None)
+            if self.cfg.kind == "hnsw":
+                g.tombstones.add(i)
+                if len(g.tombstones) > max(16, g.index.ntotal // 4):
+                    self._build_group(gname, g.vectors)
+            else:
+                g.index.remove_ids(np.array([i], dtype=np.int64))
+
+    # -- queries -------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._group_of)
+
+    def __contains__(self, entry_id: int) -> bool:
+        return entry_id in self._group_of
+
+    def groups(self) -> list[str]:
+        return sorted(self._groups)
+
+    def search(self, queries: np.ndarray, k: int, group: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(scores (n, k), ids (n, k)); missing results are id -1 with score -inf.
+
+        `group=None` searches every group and keeps the best k across them.
+        """
+        queries = np.ascontiguousarray(queries, dtype=np.float32)
+        n = len(queries)
+        if group is not None:
+            names = [group] if group in self._groups else []
+        else:
+            names = list(self._groups)
+        all_s, all_i = [], []
+        for name in names:
+            g = self._groups[name]
+            if g.index.ntotal == 0:
+                continue
+            extra = len(g.tombstones)
+            kk = min(k + extra, g.index.ntotal)
+            s, i = g.index.search(queries, kk)
+            if extra:
+                dead = np.isin(i, np.fromiter(g.tombstones, dtype=np.int64, count=extra))
+                s = np.where(dead, -np.inf, s)
+                i = np.where(dead, -1, i)
+            all_s.append(s)
+            all_i.append(i)
+        if not all_s:
+            return np.full((n, k), -np.inf, np.float32), np.full((n, k), -1, np.int64)
+        s = np.concatenate(all_s, axis=1)
+        i = np.concatenate(all_i, axis=1)
+        s = np.where(i < 0, -np.inf, s)
+        order = np.argsort(-s, axis=1, kind="stable")[:, :k]
+        s, i = np.take_along_axis(s, order, 1), np.take_along_axis(i, order, 1)
+        if s.shape[1] < k:
+            pad = k - s.shape[1]
+            s = np.pad(s, ((0, 0), (0, pad)), constant_values=-np.inf)
+            i = np.pad(i, ((0, 0), (0, pad)), constant_values=-1)
+        return s.astype(np.float32), i.astype(np.int64)
