@@ -1,0 +1,411 @@
+"""Real MiniHack (NetHack Learning Environment) behind the TextEnv protocol.
+
+    env = make_minihack("Room-5x5")
+    obs, info = env.reset(seed=3)
+    obs, reward, terminated, truncated, info = env.step("southeast")
+
+The observation is text: the message line, the map (NetHack's own characters, cropped to what has
+been seen), a legend of the characters on it, and optionally a plain-language description of what
+is next to the agent and where the goal and other things are. Besides the text, the env keeps a
+structured view of the level (`grid`, `agent_pos`, `monsters`, `open_doors`, `blocked`, `has_key`)
+for the scripted expert in envs/experts.py.
+
+One gym env is built per TextEnv and reused across resets: NetHack's make is ~20 ms, a reset ~2 ms.
+"""
+from __future__ import annotations
+
+import random
+import re
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from envs.base import EnvError
+
+# minihack imports pkg_resources at import time, which warns on every process start; the warning
+# says nothing a user of this env can act on.
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    import gymnasium as gym
+    import minihack  # noqa: F401  (registers the MiniHack-* gym ids)
+    from nle import nethack
+
+ROWS, COLS = 21, 79  # NetHack's map area (the `chars` observation)
+BLANK = ord(" ")
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    gym_id: str
+    goal: str
+    max_turns: int
+
+
+TASKS: dict[str, TaskSpec] = {
+    "Room-5x5": TaskSpec(
+        "MiniHack-Room-5x5-v0",
+        "Reach the staircase down (>) in a lit 5x5 room.",
+        50,
+    ),
+    "Room-Ultimate-5x5": TaskSpec(
+        "MiniHack-Room-Ultimate-5x5-v0",
+        "Reach the staircase down (>) in a dark 5x5 room that also holds a monster and a hidden trap; "
+        "you only see the squares next to you.",
+        50,
+    ),
+    "MazeWalk-9x9": TaskSpec(
+        "MiniHack-MazeWalk-9x9-v0",
+        "Find and reach the staircase down (>) in a dark 9x9 maze; you only see the squares next to you.",
+        100,
+    ),
+    "KeyRoom-S5": TaskSpec(
+        "MiniHack-KeyRoom-S5-v0",
+        "Pick up the key, unlock the locked door of the small inner room with it (stand next to the door "
+        "and apply the key), and reach the staircase down (>) inside.",
+        100,
+    ),
+    "Sokoban": TaskSpec(
+        "MiniHack-Sokoban1a-v1",
+        "Push the boulders (`) into every hole (^) to clear the way, then reach the staircase down (>).",
+        400,
+    ),
+}
+
+# Word -> NLE action. A task exposes only the words whose action is in its gym env's action set.
+DIRECTIONS: dict[str, nethack.CompassDirection] = {
+    "north": nethack.CompassDirection.N,
+    "east": nethack.CompassDirection.E,
+    "south": nethack.CompassDirection.S,
+    "west": nethack.CompassDirection.W,
+    "northeast": nethack.CompassDirection.NE,
+    "southeast": nethack.CompassDirection.SE,
+    "southwest": nethack.CompassDirection.SW,
+    "northwest": nethack.CompassDirection.NW,
+}
+# (d_row, d_col) of each direction on the map.
+DELTAS: dict[str, tuple[int, int]] = {
+    "north": (-1, 0), "east": (0, 1), "south": (1, 0), "west": (0, -1),
+    "northeast": (-1, 1), "southeast": (1, 1), "southwest": (1, -1), "northwest": (-1, -1),
+}
+_SHORT = {"n": "north", "e": "east", "s": "south", "w": "west",
+          "ne": "northeast", "se": "southeast", "sw": "southwest", "nw": "northwest"}
+
+# NetHack's defsym indices (display.h) for the terrain the expert must tell apart.
+_CMAP_WALLS = set(range(0, 12)) | {17, 18}  # stone, walls and corners, iron bars, tree
+_CMAP_OPEN_DOORS = {13, 14}  # open doors: no diagonal moves in or out
+_CMAP_CLOSED_DOORS = {15, 16}
+
+# What a character means when no live screen description is available (remembered cells).
+_FALLBACK_LEGEND = {
+    ".": "floor", "#": "corridor", "|": "wall or open door", "-": "wall or open door",
+    "+": "closed door", ">": "staircase down (the goal)", "<": "staircase up",
+    "^": "trap or hole", "`": "boulder", "(": "item (tool or weapon)", "{": "fountain",
+}
+
+
+def _decode(arr: np.ndarray) -> str:
+    return bytes(arr).split(b"\0", 1)[0].decode("latin-1")
+
+
+def _is_monster(glyph: int) -> bool:
+    return bool(nethack.glyph_is_monster(glyph) or nethack.glyph_is_invisible(glyph) or nethack.glyph_is_warning(glyph))
+
+
+def _relative(dr: int, dc: int) -> str:
+    """'2 north and 1 east' for a map offset (rows grow southwards)."""
+    parts = []
+    if dr:
+        parts.append(f"{abs(dr)} {'south' if dr > 0 else 'north'}")
+    if dc:
+        parts.append(f"{abs(dc)} {'east' if dc > 0 else 'west'}")
+    return " and ".join(parts) if parts else "here"
+
+
+class MiniHackEnv:
+    """One MiniHack task as a TextEnv. Build it with `make_minihack`."""
+
+    def __init__(self, task: str, max_turns: int | None = None, describe: bool = True) -> None:
+        if task not in TASKS:
+            raise EnvError(f"unknown MiniHack task {task!r}; known tasks: {', '.join(TASKS)}")
+        self.spec = TASKS[task]
+        self.task_name = task
+        self.name = f"minihack/{task}"
+        self.task = self.spec.goal
+        self.max_turns = int(max_turns if max_turns is not None else self.spec.max_turns)
+        self.describe = describe
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self._gym = gym.make(
+                self.spec.gym_id,
+                observation_keys=("chars", "glyphs", "message", "blstats", "inv_strs", "screen_descriptions"),
+            ).unwrapped
+        # Our own turn limit decides truncation; NLE's must never fire first (one word action can
+        # take two NetHack steps, e.g. "open north").
+        self._gym._max_episode_steps = self.max_turns * 4 + 10
+        self._actions: list[int] = [int(a) for a in self._gym.actions]
+        self._words = self._build_vocabulary()
+        self.admissible_actions = list(self._words)
+        self.action_format = self._action_format()
+        self._rng = random.Random()
+        self._obs: dict[str, np.ndarray] = {}
+        self._memory = np.full((ROWS, COLS), BLANK, dtype=np.uint8)
+        self._turns = 0
+        self._done = True
+        # Structured view for the scripted expert.
+        self.grid: list[str] = []
+        self.agent_pos: tuple[int, int] = (0, 0)
+        self.monsters: set[tuple[int, int]] = set()
+        self.open_doors: set[tuple[int, int]] = set()
+        self.closed_doors: set[tuple[int, int]] = set()
+        self.traps: set[tuple[int, int]] = set()
+        self.blocked: set[tuple[int, int]] = set()
+        self.has_key = False
+
+    # ---------------------------------------------------------------- vocabulary
+
+    def _build_vocabulary(self) -> dict[str, tuple[int, ...]]:
+        """Admissible word actions -> the NLE key sequence each one sends."""
+        have = set(self._actions)
+        words: dict[str, tuple[int, ...]] = {w: (int(a),) for w, a in DIRECTIONS.items() if int(a) in have}
+        if int(nethack.Command.PICKUP) in have:
+            words["pick up"] = (int(nethack.Command.PICKUP),)
+        if int(nethack.Command.APPLY) in have:
+            # MiniHack's KeyRoom turns APPLY into "use the key on the adjacent closed door".
+            words["apply key"] = (int(nethack.Command.APPLY),)
+        if int(nethack.Command.OPEN) in have:
+            for w, a in DIRECTIONS.items():
+                words[f"open {w}"] = (int(nethack.Command.OPEN), int(a))
+        return words
+
+    def _action_format(self) -> str:
+        dirs = [w for w in DIRECTIONS if w in self._words]
+        text = (
+            f"Answer with one action per turn. Move one square with a compass direction: {', '.join(dirs)} "
+            "(moving into a monster attacks it; moving into a boulder pushes it)."
+        )
+        if "pick up" in self._words:
+            text += " 'pick up' takes the item you stand on."
+        if "apply key" in self._words:
+            text += " 'apply key' uses a key you carry on a locked door next to you (you may add the door's direction, e.g. 'apply key west')."
+        if "open north" in self._words:
+            text += " 'open <direction>' opens a closed door next to you, e.g. 'open west'."
+        return text + f" Other words are not actions. You have {self.max_turns} turns."
+
+    def parse(self, action: str) -> str | None:
+        """Normalise an action text to an admissible word action, or None."""
+        a = re.sub(r"[^a-z ]", " ", action.lower())
+        a = " ".join(a.split())
+        for prefix in ("go ", "move ", "walk "):
+            if a.startswith(prefix):
+                a = a[len(prefix):]
+        a = _SHORT.get(a, a)
+        if a in self._words:
+            return a
+        if a in ("pickup", "pick", "take") or a.startswith(("pick up ", "pickup ", "take ")):
+            return "pick up" if "pick up" in self._words else None
+        if a == "apply" or a.startswith("apply "):
+            return "apply key" if "apply key" in self._words else None
+        if a.startswith("open "):
+            rest = a.split()[1:]
+            dirs = [_SHORT.get(w, w) for w in rest if _SHORT.get(w, w) in DIRECTIONS]
+            if dirs and f"open {dirs[-1]}" in self._words:
+                return f"open {dirs[-1]}"
+        return None
+
+    # ---------------------------------------------------------------- protocol
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        del options  # no per-episode options: the task fixes the level generator
+        s = seed if seed is not None else self._rng.randrange(2**31)
+        # NLE draws the level from its core/disp seeds; reseed=False stops NetHack from mixing in
+        # fresh entropy later, so one seed gives one map and one sequence of monster moves.
+        self._gym.seed(core=s, disp=s, reseed=False)
+        obs, _ = self._gym.reset()
+        self._memory.fill(BLANK)
+        self.blocked = set()
+        self.open_doors = set()
+        self.traps = set()
+        self._turns = 0
+        self._done = False
+        self._absorb(obs)
+        return self._render(), {"admissible_actions": list(self.admissible_actions), "turn": 0}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self._done:
+            raise RuntimeError("step() after the episode ended; call reset()")
+        self._turns += 1
+        word = self.parse(action)
+        info: dict[str, Any] = {"admissible_actions": list(self.admissible_actions), "turn": self._turns}
+        if word is None:
+            info["invalid_action"] = True
+            text = (
+                f"'{action.strip()[:60]}' is not a valid action here. Valid actions: "
+                f"{', '.join(self.admissible_actions)}.\n\n" + self._render()
+            )
+            reward, terminated = 0.0, False
+        else:
+            before = self.agent_pos
+            reward, terminated, status = self._send(word)
+            self._note_bump(word, before)
+            text = self._render()
+            info["end_status"] = status
+        truncated = not terminated and self._turns >= self.max_turns
+        if terminated or truncated:
+            self._done = True
+            info["success"] = bool(terminated and info.get("end_status") == "success")
+        return text, float(reward), bool(terminated), bool(truncated), info
+
+    def close(self) -> None:
+        self._gym.close()
+
+    # ---------------------------------------------------------------- internals
+
+    def _send(self, word: str) -> tuple[float, bool, str]:
+        """Play one word action as its NLE key sequence; returns (reward, terminated, end status)."""
+        total = 0.0
+        terminated = False
+        end = self._gym.StepStatus.RUNNING
+        for key in self._words[word]:
+            obs, reward, terminated, _, info = self._gym.step(self._actions.index(key))
+            total += float(reward)
+            end = info.get("end_status", end)
+            self._absorb(obs)
+            if terminated:
+                break
+        status = {
+            self._gym.StepStatus.TASK_SUCCESSFUL: "success",
+            self._gym.StepStatus.DEATH: "death",
+            self._gym.StepStatus.ABORTED: "aborted",
+        }.get(end, "running")
+        return total, bool(terminated), status
+
+    def _absorb(self, obs: dict[str, np.ndarray]) -> None:
+        """Update the remembered map and the structured view from one NLE observation."""
+        self._obs = obs
+        chars, glyphs = obs["chars"], obs["glyphs"]
+        col, row = int(obs["blstats"][0]), int(obs["blstats"][1])
+        self.agent_pos = (row, col)
+        # A level shows ~10 distinct glyphs: classify those, then broadcast with isin.
+        kinds = np.unique(glyphs)
+        monster = np.isin(glyphs, [g for g in kinds if _is_monster(int(g))])
+        # Remember terrain and items, never monsters (they move) and never blanks (a dark room
+        # forgets what is out of sight, but the squares are still there).
+        keep = (chars != BLANK) & ~monster
+        self._memory[keep] = chars[keep]
+        if self._memory[row, col] == BLANK:
+            self._memory[row, col] = ord(".")
+        self.monsters = {(int(r), int(c)) for r, c in zip(*np.nonzero(monster)) if (r, c) != (row, col)}
+        cmap = np.where(np.isin(glyphs, [g for g in kinds if nethack.glyph_is_cmap(int(g))]),
+                        glyphs - nethack.GLYPH_CMAP_OFF, -1)
+        self.open_doors |= {(int(r), int(c)) for r, c in zip(*np.nonzero(np.isin(cmap, list(_CMAP_OPEN_DOORS))))}
+        self.closed_doors = {(int(r), int(c)) for r, c in zip(*np.nonzero(np.isin(cmap, list(_CMAP_CLOSED_DOORS))))}
+        self.open_doors -= self.closed_doors
+        is_trap = np.isin(glyphs, [g for g in kinds if nethack.glyph_is_trap(int(g))])
+        self.traps |= {(int(r), int(c)) for r, c in zip(*np.nonzero(is_trap))}
+        walls = np.isin(cmap, list(_CMAP_WALLS)) & (chars != BLANK)
+        self.blocked |= {(int(r), int(c)) for r, c in zip(*np.nonzero(walls))}
+        grid = self._memory.copy()
+        for r, c in self.monsters:
+            grid[r, c] = chars[r, c]
+        grid[row, col] = ord("@")
+        self.grid = [bytes(line).decode("latin-1") for line in grid]
+        self.has_key = any("key" in _decode(line) for line in obs["inv_strs"])
+
+    def _note_bump(self, word: str, before: tuple[int, int]) -> None:
+        """A move that left us in place ran into something solid: remember it for planning."""
+        if word not in DELTAS or self.agent_pos != before:
+            return
+        dr, dc = DELTAS[word]
+        target = (before[0] + dr, before[1] + dc)
+        msg = self.message.lower()
+        if target not in self.monsters and ("solid stone" in msg or "wall" in msg or not msg):
+            self.blocked.add(target)
+
+    @property
+    def underfoot(self) -> str:
+        """The remembered character under the agent (the map shows '@' there)."""
+        return chr(self._memory[self.agent_pos])
+
+    @property
+    def message(self) -> str:
+        return _decode(self._obs["message"]).strip() if self._obs else ""
+
+    def _description_at(self, r: int, c: int) -> str:
+        return _decode(self._obs["screen_descriptions"][r, c])
+
+    def _render(self) -> str:
+        rows = np.array([list(map(ord, line)) for line in self.grid], dtype=np.uint8)
+        nz = np.argwhere(rows != BLANK)
+        (r0, c0), (r1, c1) = nz.min(0), nz.max(0)
+        lines = [self.grid[r][c0:c1 + 1].rstrip() for r in range(r0, r1 + 1)]
+        parts = []
+        msg = self.message
+        if msg:
+            parts.append(f"Message: {msg}")
+        parts.append("Map:\n" + "\n".join(lines))
+        parts.append("Legend: " + "; ".join(f"{ch} {what}" for ch, what in self._legend(r0, r1, c0, c1)))
+        hp, hp_max = int(self._obs["blstats"][10]), int(self._obs["blstats"][11])
+        status = f"HP {hp}/{hp_max}. Turn {self._turns} of {self.max_turns}."
+        if self.has_key:
+            status += " You carry a key."
+        parts.append(status)
+        if self.describe:
+            parts.append(self._describe_surroundings())
+        return "\n".join(parts)
+
+    def _legend(self, r0: int, r1: int, c0: int, c1: int) -> list[tuple[str, str]]:
+        names: dict[str, set[str]] = {}
+        for r in range(r0, r1 + 1):
+            for c in range(c0, c1 + 1):
+                ch = self.grid[r][c]
+                if ch == " " or (r, c) == self.agent_pos:
+                    continue
+                live = self._description_at(r, c) if chr(self._obs["chars"][r, c]) == ch else ""
+                names.setdefault(ch, set())
+                if live and live not in ("dark part of a room",):
+                    names[ch].add(live)
+        out = [("@", "you")]
+        for ch in sorted(names):
+            what = " or ".join(sorted(names[ch])[:2]) or _FALLBACK_LEGEND.get(ch, "something")
+            if ch == ">":
+                what = "staircase down (the goal)"
+            out.append((ch, what))
+        return out
+
+    def _describe_surroundings(self) -> str:
+        ar, ac = self.agent_pos
+        adjacent = []
+        for word, (dr, dc) in DELTAS.items():
+            r, c = ar + dr, ac + dc
+            if not (0 <= r < ROWS and 0 <= c < COLS):
+                continue
+            d = self._description_at(r, c)
+            if d and d not in ("floor of a room", "dark part of a room", "stone"):
+                adjacent.append(f"{word}: {d}")
+        text = "Next to you: " + ("; ".join(adjacent) if adjacent else "nothing but floor") + "."
+        goals = [(r, c) for r, line in enumerate(self.grid) for c, ch in enumerate(line) if ch == ">"]
+        if goals:
+            r, c = goals[0]
+            text += f" The staircase down (>) is {_relative(r - ar, c - ac)} of you."
+        else:
+            text += " You have not seen the staircase down (>) yet."
+        sights = []
+        for r, c in sorted(self.monsters):
+            sights.append(f"{self._description_at(r, c) or 'a monster'} {_relative(r - ar, c - ac)}")
+        for r, line in enumerate(self.grid):
+            for c, ch in enumerate(line):
+                if ch in "()[%?!/=\"*$" and (r, c) != self.agent_pos:
+                    what = self._description_at(r, c) if chr(self._obs["chars"][r, c]) == ch else ""
+                    sights.append(f"{what or _FALLBACK_LEGEND.get(ch, 'an item')} {_relative(r - ar, c - ac)}")
+        if sights:
+            text += " You see: " + "; ".join(sights[:6]) + "."
+        return text
+
+
+def make_minihack(task: str, max_turns: int | None = None, describe: bool = True, **options: Any) -> MiniHackEnv:
+    """Build a MiniHack TextEnv. `task` is one of TASKS; unknown options are an error, not ignored."""
+    if options:
+        raise EnvError(f"make_minihack got unknown options {sorted(options)}; it accepts task, max_turns, describe")
+    return MiniHackEnv(task, max_turns=max_turns, describe=describe)
