@@ -75,6 +75,7 @@ class ManagerConfig:
     filter_by: str = "env"  # restrict retrieval to entries of the same "env", the same "task", or "none"
     sync_interval_s: float = 0.5  # how often to poll the store's library version for other processes' edits
     max_text_chars: int = 4000  # refuse entries longer than this
+    record_usage: bool = True  # count retrievals (Eq. 6 inputs); off for a person's searches in the CLI or UI
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.workers < 1 or self.top_k < 1 or self.oversample < 1:

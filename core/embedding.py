@@ -45,6 +45,9 @@ class Embedder:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         from sentence_transformers import SentenceTransformer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # a weight-loading bar on every start is noise in logs
 
         path = resolve_model_path(self.cfg.model)
         try:

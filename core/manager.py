@@ -362,14 +362,16 @@ class ExperienceManager:
                         out[r].append(Hit(entry_id=i, text=m.text, score=s, rank_score=rank if self.cfg.diversify else s,
                                           task=m.task, env=m.env))
                         chosen_ids.append(i)
+        self.stats["queries"] += len(groups)
+        self.stats["hits"] += len(chosen_ids)
+        if not self.cfg.record_usage:
+            return out
         # Counters move in memory at once (the next batch's Eq. 6 sees them) and reach the store behind.
         for i in chosen_ids:
             m = self._meta.get(i)
             if m is not None:
                 m.retrieved += 1
                 m.last_retrieved_at = now
-        self.stats["queries"] += len(groups)
-        self.stats["hits"] += len(chosen_ids)
         if chosen_ids:
             self._counter_q.put(chosen_ids)
         return out

@@ -41,6 +41,7 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy import text as text_sql
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
@@ -409,7 +410,16 @@ class ExperienceStore:
                 s.add(EntryVersionRow(entry_id=row.id, version=1, text=row.text, status=row.status, action=action,
                                       actor=actor, note=note, library_version=lv, created_at=now))
                 ids.append(row.id)
+            if any(n.id is not None for n in new) and self.engine.dialect.name == "postgresql":
+                # Explicit ids bypass the sequence; move it past them so later inserts do not collide.
+                s.execute(text_sql("SELECT setval(pg_get_serial_sequence('entries', 'id'), (SELECT MAX(id) FROM entries))"))
             return ids
+
+    def remap_parents(self, parents: dict[int, list[int]]) -> None:
+        """Set lineage after an import that gave entries fresh ids (no content change, no version bump)."""
+        with self._tx() as s:
+            for i, p in parents.items():
+                s.execute(update(EntryRow).where(EntryRow.id == i).values(parent_ids=json.dumps([int(x) for x in p])))
 
     def add_entry(self, text: str, **kw: Any) -> int:
         actor = kw.pop("actor", "extractor")

@@ -1,0 +1,252 @@
+"""The `comprl` command line (the top floor: it may import every other floor).
+
+    comprl library stats|list|show|search|export|import|edit|archive|restore|history|diff|revert|duplicates|merge
+    comprl envs
+
+Every subcommand takes --data-dir (default ./comprl_data) and --db URL (default
+sqlite:///<data-dir>/workbench.db). Errors a user can fix are one line on stderr and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import textwrap
+from pathlib import Path
+from typing import Callable
+
+from core.config import DEFAULT_DATA_DIR, ConfigError, default_db_url
+
+EXIT_USER_ERROR = 2
+
+
+class UserError(Exception):
+    """Something the user can fix; printed as one line."""
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data-dir", default=os.environ.get("COMPRL_DATA_DIR", DEFAULT_DATA_DIR),
+                   help="where the database, models, runs and logs live (default: %(default)s)")
+    p.add_argument("--db", default=os.environ.get("COMPRL_DB"),
+                   help="SQLAlchemy URL of the store (default: sqlite:///<data-dir>/workbench.db)")
+
+
+def open_store(args: argparse.Namespace):
+    from core.store import ExperienceStore
+
+    return ExperienceStore(args.db or default_db_url(args.data_dir))
+
+
+def _manager(args: argparse.Namespace, store, record_usage: bool = False):
+    from core.config import LibraryConfig
+    from core.embedding import Embedder
+    from core.manager import ExperienceManager
+
+    cfg = LibraryConfig()
+    cfg.manager.record_usage = record_usage  # a person's search is not an actor's retrieval
+    return ExperienceManager(store, Embedder(cfg.embedding), cfg.manager, cfg.index)
+
+
+# -- library ---------------------------------------------------------------------------------------
+
+
+def _short(text: str, width: int = 90) -> str:
+    from core.types import entry_title
+
+    return textwrap.shorten(entry_title(text) or text, width=width, placeholder="…")
+
+
+def cmd_library(args: argparse.Namespace) -> int:
+    from core import library_io, merge
+    from core.store import StoreError
+
+    store = open_store(args)
+    sub = args.library_cmd
+    try:
+        if sub == "stats":
+            active, total = store.count(status="active"), store.count(status=None)
+            by_source: dict[str, int] = {}
+            by_env: dict[str, int] = {}
+            offset = 0
+            while True:
+                page = store.list_entries(status="active", offset=offset, limit=5000)
+                for e in page.entries:
+                    by_source[e.source.value] = by_source.get(e.source.value, 0) + 1
+                    by_env[e.env or "-"] = by_env.get(e.env or "-", 0) + 1
+                offset += len(page.entries)
+                if not page.entries:
+                    break
+            top = store.list_entries(status="active", sort="retrieved_count", descending=True, limit=5).entries
+            out = {"library_version": store.library_version(), "active": active, "archived": total - active,
+                   "by_source": by_source, "by_env": by_env,
+                   "most_retrieved": [{"id": e.id, "retrieved": e.retrieved_count, "title": _short(e.text, 60)} for e in top]}
+            print(json.dumps(out, indent=2) if args.json else "\n".join([
+                f"library version {out['library_version']}: {active} active, {total - active} archived entries",
+                "by source: " + (", ".join(f"{k} {v}" for k, v in sorted(by_source.items())) or "-"),
+                "by env:    " + (", ".join(f"{k} {v}" for k, v in sorted(by_env.items())) or "-"),
+                *(["most retrieved:"] + [f"  #{t['id']:<6} {t['retrieved']:>5}×  {t['title']}" for t in out["most_retrieved"]] if top else []),
+            ]))
+        elif sub == "list":
+            page = store.list_entries(env=args.env, task=args.task, source=args.source,
+                                      status=None if args.status == "all" else args.status, text=args.text,
+                                      sort=args.sort, descending=args.desc, offset=args.offset, limit=args.limit)
+            print(f"{page.total} entries (showing {page.offset + 1 if page.entries else 0}–{page.offset + len(page.entries)})")
+            for e in page.entries:
+                print(f"#{e.id:<6} v{e.version:<3} {e.status.value:<8} {e.source.value:<9} ret {e.retrieved_count:<5} "
+                      f"{e.env[:24]:<24} {_short(e.text, 70)}")
+        elif sub == "show":
+            e = store.get(args.id)
+            print(f"#{e.id} v{e.version} {e.status.value} {e.source.value}  env={e.env}  parents={e.parent_ids}")
+            print(f"task:  {e.task}\nquery: {e.query}")
+            print(f"retrieved {e.retrieved_count}×, trained {e.trained_count}×, successes {e.successes}, failures {e.failures}")
+            print("-" * 60 + "\n" + e.text)
+        elif sub == "search":
+            with _manager(args, store) as m:
+                hits = m.search_sync([args.query], k=args.k, task=args.env)[0]
+            if not hits:
+                print("no entries match (is the library empty, or the --env filter wrong?)")
+            for h in hits:
+                print(f"#{h.entry_id:<6} {h.score:.3f}  {h.env[:24]:<24} {_short(h.text, 70)}")
+        elif sub == "export":
+            n = library_io.export_library(store, args.file, status=args.status)
+            print(f"exported {n} entries to {args.file}")
+        elif sub == "import":
+            rep = library_io.import_library(store, args.file, keep_ids=not args.fresh_ids, max_chars=args.max_chars)
+            print(f"imported {rep.imported} entries into library version {store.library_version()}")
+        elif sub == "edit":
+            text = Path(args.file).read_text() if args.file else args.text
+            if text is None:
+                raise UserError("give the new text with --text or --file")
+            e = store.update_text(args.id, text, expected_version=args.expected_version, actor="cli")
+            print(f"entry {e.id} is now at version {e.version}")
+        elif sub in ("archive", "restore"):
+            changed = getattr(store, sub)(args.ids, actor="cli")
+            print(f"{sub}d {len(changed)} entries: {changed}")
+        elif sub == "history":
+            for v in store.history(args.id):
+                print(f"v{v.version:<3} lib {v.library_version:<6} {v.action:<9} {v.actor:<10} {v.status:<8} {v.note}")
+        elif sub == "diff":
+            print(store.diff(args.id, args.v_from, args.v_to) or "(no difference)")
+        elif sub == "revert":
+            e = store.revert(args.id, args.version, expected_version=store.get(args.id).version, actor="cli")
+            print(f"entry {e.id} reverted to the text of v{args.version}, now v{e.version}")
+        elif sub == "duplicates":
+            with _manager(args, store):  # embeds any entry that lacks a text embedding
+                pass
+            clusters = merge.find_near_duplicates(store, threshold=args.threshold, across_tasks=args.across_tasks)
+            print(f"{len(clusters)} near-duplicate clusters at cosine >= {args.threshold}")
+            for c in clusters[: args.limit]:
+                print("  " + ", ".join(f"#{i}" for i in c))
+        elif sub == "merge":
+            text = Path(args.file).read_text() if args.file else args.text
+            if not text:
+                raise UserError("give the merged text with --text or --file")
+            nid = merge.merge_entries(store, args.ids, text, actor="cli")
+            print(f"merged {args.ids} into entry {nid}")
+        return 0
+    except (StoreError, library_io.LibraryFileError, OSError) as e:
+        raise UserError(str(e)) from None
+    finally:
+        store.close()
+
+
+def cmd_envs(args: argparse.Namespace) -> int:
+    from envs.registry import list_envs
+
+    for name in list_envs():
+        print(name)
+    return 0
+
+
+# -- parser ----------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="comprl", description="Complementary RL workbench: co-train an actor and an experience extractor.")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    subs = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    lib = subs.add_parser("library", help="inspect, search, edit, import and export the experience library")
+    _common(lib)
+    ls = lib.add_subparsers(dest="library_cmd", required=True, metavar="ACTION")
+
+    def add(name: str, help_: str) -> argparse.ArgumentParser:
+        sp = ls.add_parser(name, help=help_)
+        _common(sp)
+        return sp
+
+    sp = add("stats", "size, sources, envs and most retrieved entries")
+    sp.add_argument("--json", action="store_true")
+    sp = add("list", "list entries with filters, sorted by any counter")
+    sp.add_argument("--env")
+    sp.add_argument("--task")
+    sp.add_argument("--source", choices=["extracted", "merged", "manual", "imported"])
+    sp.add_argument("--status", default="active", choices=["active", "archived", "all"])
+    sp.add_argument("--text", help="substring of the entry text or task")
+    sp.add_argument("--sort", default="id")
+    sp.add_argument("--desc", action="store_true")
+    sp.add_argument("--offset", type=int, default=0)
+    sp.add_argument("--limit", type=int, default=20)
+    sp = add("show", "one entry in full")
+    sp.add_argument("id", type=int)
+    sp = add("search", "semantic search, as the actor's retrieval does it")
+    sp.add_argument("query")
+    sp.add_argument("-k", type=int, default=5)
+    sp.add_argument("--env", help="only entries of this env (default: all)")
+    sp = add("export", "write the library to a JSONL file")
+    sp.add_argument("file")
+    sp.add_argument("--status", choices=["active", "archived"], help="only entries with this status (default: all)")
+    sp = add("import", "read a JSONL file into the library (all lines or none)")
+    sp.add_argument("file")
+    sp.add_argument("--fresh-ids", action="store_true", help="give imported entries new ids instead of the file's")
+    sp.add_argument("--max-chars", type=int, default=4000, help="refuse entries longer than this")
+    sp = add("edit", "replace an entry's text (refused if someone changed it since --expected-version)")
+    sp.add_argument("id", type=int)
+    sp.add_argument("--text")
+    sp.add_argument("--file")
+    sp.add_argument("--expected-version", type=int, required=True)
+    for name in ("archive", "restore"):
+        sp = add(name, f"{name} entries (soft; nothing is erased)")
+        sp.add_argument("ids", type=int, nargs="+")
+    sp = add("history", "every version of an entry")
+    sp.add_argument("id", type=int)
+    sp = add("diff", "diff an entry's text between two versions")
+    sp.add_argument("id", type=int)
+    sp.add_argument("v_from", type=int)
+    sp.add_argument("v_to", type=int)
+    sp = add("revert", "make an old version's text current again")
+    sp.add_argument("id", type=int)
+    sp.add_argument("version", type=int)
+    sp = add("duplicates", "near-duplicate clusters by text embedding")
+    sp.add_argument("--threshold", type=float, default=0.9)
+    sp.add_argument("--across-tasks", action="store_true")
+    sp.add_argument("--limit", type=int, default=20)
+    sp = add("merge", "merge entries into one new entry (parents archived, lineage kept)")
+    sp.add_argument("ids", type=int, nargs="+")
+    sp.add_argument("--text")
+    sp.add_argument("--file")
+    lib.set_defaults(func=cmd_library)
+
+    envs = subs.add_parser("envs", help="list the registered environments")
+    _common(envs)
+    envs.set_defaults(func=cmd_envs)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except (UserError, ConfigError) as e:
+        print(f"comprl: error: {e}", file=sys.stderr)
+        return EXIT_USER_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

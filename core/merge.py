@@ -1,0 +1,203 @@
+"""Merging the library: near-duplicate clusters, one merge with lineage (undoable), and the
+chunked sliding-window merge of METHOD.md step 4 as a driver over any `merge_fn`.
+
+The driver does not know who decides: a person in the workbench, or the extractor (the trainer
+passes a function that prompts it). `merge_fn(chunk) -> list[Operation] | None` gets the entries of
+one chunk; in its operations `ids` are entry ids from that chunk. `update` merges the named
+entries into one new entry, `discard` archives them, `add` writes a new one; entries it does not
+name are kept. `None`, an exception, or any invalid operation means the answer did not parse: the
+whole chunk keeps its originals (never half-applied).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from core.store import ExperienceStore, NewEntry, StoreError
+from core.types import Experience, Operation, Source
+
+log = logging.getLogger(__name__)
+
+MergeFn = Callable[[list[Experience]], "list[Operation] | None"]
+
+
+# -- near duplicates -----------------------------------------------------------------------------
+
+
+def near_duplicate_clusters(ids: np.ndarray, vectors: np.ndarray, groups: Sequence[str], *, threshold: float = 0.9,
+                            across_groups: bool = False, block: int = 4096) -> list[list[int]]:
+    """Clusters (connected components) of entries whose unit vectors have cosine >= threshold.
+
+    ids (n,), vectors (n, d) unit norm, groups (n,) task keys. Blocked matrix products keep memory
+    at block×n floats. Returned clusters have >= 2 members, largest first.
+    """
+    n = len(ids)
+    parent = list(range(n))
+
+    def find(a: int) -> int:
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    g = np.asarray(groups, dtype=object)
+    for start in range(0, n, block):
+        sims = vectors[start:start + block] @ vectors.T  # (b, n)
+        rows, cols = np.nonzero(sims >= threshold)
+        for r, c in zip(rows.tolist(), cols.tolist()):
+            a = start + r
+            if c <= a or (not across_groups and g[a] != g[c]):
+                continue
+            ra, rc = find(a), find(c)
+            if ra != rc:
+                parent[ra] = rc
+    clusters: dict[int, list[int]] = {}
+    for i in range(n):
+        clusters.setdefault(find(i), []).append(int(ids[i]))
+    return sorted((sorted(c) for c in clusters.values() if len(c) > 1), key=lambda c: (-len(c), c[0]))
+
+
+def find_near_duplicates(store: ExperienceStore, *, threshold: float = 0.9, across_tasks: bool = False) -> list[list[int]]:
+    """Near-duplicate clusters of the active library, by entry text embedding, within a task unless asked."""
+    ids, vecs, entries = store.active_vectors("text")
+    if len(ids) < 2:
+        return []
+    return near_duplicate_clusters(ids, vecs, [e.task for e in entries], threshold=threshold, across_groups=across_tasks)
+
+
+# -- one merge -------------------------------------------------------------------------------------
+
+
+def merge_entries(store: ExperienceStore, ids: Sequence[int], text: str, *, actor: str = "human", note: str = "",
+                  expected_versions: dict[int, int] | None = None, generation=None, step: int = 0,
+                  run_id: int | None = None) -> int:
+    """One new MERGED entry with the given entries as parents; the parents are archived. Atomic.
+
+    The new entry inherits the first parent's env, task and query key, so retrieval still finds it
+    where the parents were found. Undo with `undo_merge`.
+    """
+    ids = [int(i) for i in ids]
+    if len(ids) < 2:
+        raise StoreError("a merge needs at least two entries")
+    return store.replace_entries(ids, NewEntry(text=text, source=Source.MERGED, generation=generation, created_step=step,
+                                               run_id=run_id),
+                                 actor=actor, action="merge", note=note, expected_versions=expected_versions)
+
+
+def undo_merge(store: ExperienceStore, merged_id: int, *, actor: str = "human") -> list[int]:
+    """Archive the merged entry and restore its parents; returns the parents."""
+    return store.undo_replace(merged_id, actor=actor)
+
+
+# -- the periodic sliding-window merge (METHOD.md step 4) ------------------------------------------
+
+
+@dataclass
+class MergeReport:
+    before: int = 0
+    after: int = 0
+    chunks: int = 0
+    unparsed_chunks: int = 0
+    merges: int = 0
+    discards: int = 0
+    adds: int = 0
+    new_ids: list[int] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def metrics(self) -> dict[str, float]:
+        return {"library/merge_before": self.before, "library/merge_after": self.after, "library/merges": self.merges,
+                "library/merge_discards": self.discards, "library/merge_unparsed": self.unparsed_chunks}
+
+
+def _valid_chunk_ops(ops: object, chunk_ids: set[int]) -> str:
+    if not isinstance(ops, list):
+        return "merge answer is not a list of operations"
+    named: set[int] = set()
+    for op in ops:
+        if not isinstance(op, Operation) or op.kind not in ("add", "update", "discard"):
+            return f"not a valid operation: {op!r}"
+        if op.kind in ("add", "update") and not (op.text or "").strip():
+            return f"{op.kind} with empty text"
+        if op.kind in ("update", "discard"):
+            if not op.ids or not set(op.ids) <= chunk_ids:
+                return f"{op.kind} names ids outside the chunk: {op.ids}"
+            if named & set(op.ids):
+                return f"an entry is named by two operations: {op.ids}"
+            named |= set(op.ids)
+    return ""
+
+
+def sliding_window_merge(store: ExperienceStore, entries: Sequence[Experience], merge_fn: MergeFn, *, chunk_size: int = 5,
+                         actor: str = "extractor", step: int = 0, run_id: int | None = None,
+                         on_written: Callable[[], None] | None = None) -> MergeReport:
+    """Walk `entries` (one task's) in chunks; what a chunk merged is carried into the next one.
+
+    Each chunk holds the carried entries plus fresh ones up to `chunk_size`. `on_written` is called
+    after each chunk that changed the store (the manager passes its sync).
+    """
+    report = MergeReport(before=len(entries))
+    queue = list(entries)
+    carried: list[Experience] = []
+    survivors: list[int] = []
+    while queue or carried:
+        room = max(1, chunk_size - len(carried))
+        chunk = carried + queue[:room]
+        queue = queue[room:]
+        carried = []
+        if len(chunk) < 2 and not queue:
+            survivors.extend(e.id for e in chunk)
+            break
+        report.chunks += 1
+        try:
+            ops = merge_fn(list(chunk))
+        except Exception as e:  # an extractor that crashes on one chunk must not stop the merge
+            ops, why = None, f"merge_fn raised {type(e).__name__}: {e}"
+        else:
+            why = "merge_fn returned nothing parseable" if ops is None else _valid_chunk_ops(ops, {e.id for e in chunk})
+        if why:
+            report.unparsed_chunks += 1
+            report.errors.append(why)
+            survivors.extend(e.id for e in chunk)
+            continue
+        by_id = {e.id: e for e in chunk}
+        touched: set[int] = set()
+        new_entries: list[int] = []
+        for op in ops:
+            try:
+                if op.kind == "update":
+                    if len(op.ids) >= 2:
+                        nid = merge_entries(store, op.ids, op.text, actor=actor, step=step, run_id=run_id,
+                                            expected_versions={i: by_id[i].version for i in op.ids})
+                        report.merges += 1
+                    else:
+                        # A one-entry update rewrites it: same lineage mechanics, one parent.
+                        nid = store.replace_entries(op.ids, NewEntry(text=op.text, source=Source.MERGED, created_step=step, run_id=run_id),
+                                                    actor=actor, action="merge", expected_versions={op.ids[0]: by_id[op.ids[0]].version})
+                    new_entries.append(nid)
+                    touched |= set(op.ids)
+                elif op.kind == "discard":
+                    store.archive(op.ids, actor=actor, note="discarded by merge", expected_versions={i: by_id[i].version for i in op.ids})
+                    report.discards += len(op.ids)
+                    touched |= set(op.ids)
+                else:
+                    first = chunk[0]
+                    nid = store.add_entries([NewEntry(text=op.text, env=first.env, task=first.task, query=first.query,
+                                                      source=Source.MERGED, created_step=step, run_id=run_id)], actor=actor)[0]
+                    new_entries.append(nid)
+                    report.adds += 1
+            except StoreError as e:  # e.g. a person edited an entry meanwhile: keep it, report why
+                report.errors.append(str(e))
+        report.new_ids.extend(new_entries)
+        if new_entries or touched:
+            if on_written:
+                on_written()
+        # Carry the merged output into the next chunk (the sliding window); untouched entries are kept.
+        carried = list(store.get_many(new_entries).values()) if queue else []
+        survivors.extend(e.id for e in chunk if e.id not in touched)
+        if not queue:
+            survivors.extend(new_entries)
+    report.after = len(set(survivors))
+    return report
