@@ -195,9 +195,17 @@ def _option_phrase(name: str, value: str) -> str:
 
 def build_instructions(rng: random.Random, products: list[dict]) -> list[dict]:
     goals: list[dict] = []
+    seen: set[str] = set()
     for p in products:
         for _ in range(INSTRUCTIONS_PER_PRODUCT):
-            goals.append(_goal(rng, p))
+            # Redraw a repeated text (a product with few attributes and options): the same instruction
+            # in both splits would leak eval into train.
+            for _attempt in range(20):
+                goal = _goal(rng, p)
+                if goal["instruction_text"] not in seen:
+                    seen.add(goal["instruction_text"])
+                    goals.append(goal)
+                    break
     rng.shuffle(goals)
     n_eval = int(len(goals) * EVAL_FRACTION)
     for i, g in enumerate(goals):
