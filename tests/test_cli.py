@@ -1,0 +1,60 @@
+"""`comprl library …` as a new user runs it: a real process, a real data directory."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def comprl(*args: str, data_dir: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "app.cli", *args, "--data-dir", str(data_dir)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=180)
+
+
+def test_help_lists_subcommands():
+    out = subprocess.run([sys.executable, "-m", "app.cli", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "library" in out.stdout
+
+
+def test_library_import_stats_search_export_edit(tmp_path):
+    data = tmp_path / "data"
+    src = tmp_path / "lib.jsonl"
+    src.write_text("\n".join(json.dumps(r) for r in [
+        {"text": "## Title: Apples\n## Description: d\n## Content: Apples are usually in the fridge.", "env": "alfworld",
+         "task": "put an apple in the microwave"},
+        {"text": "## Title: Stairs\n## Description: d\n## Content: Walk diagonally to the >.", "env": "minihack",
+         "task": "reach the staircase down"},
+    ]) + "\n")
+    r = comprl("library", "import", str(src), data_dir=data)
+    assert r.returncode == 0, r.stderr
+    assert "imported 2 entries" in r.stdout
+    assert (data / "workbench.db").exists()
+    r = comprl("library", "stats", "--json", data_dir=data)
+    stats = json.loads(r.stdout)
+    assert stats["active"] == 2 and stats["by_env"] == {"alfworld": 1, "minihack": 1}
+    r = comprl("library", "search", "where do I find an apple", "-k", "2", data_dir=data)
+    assert r.returncode == 0, r.stderr
+    first = r.stdout.splitlines()[0]
+    assert first.startswith("#1") and "Apples" in first
+    r = comprl("library", "edit", "1", "--text", "changed", "--expected-version", "1", data_dir=data)
+    assert r.returncode == 0 and "version 2" in r.stdout
+    r = comprl("library", "edit", "1", "--text", "stale", "--expected-version", "1", data_dir=data)
+    assert r.returncode == 2 and "changed by someone else" in r.stderr
+    out = tmp_path / "out.jsonl"
+    r = comprl("library", "export", str(out), data_dir=data)
+    assert r.returncode == 0 and len(out.read_text().splitlines()) == 2
+    r = comprl("library", "diff", "1", "1", "2", data_dir=data)
+    assert "+changed" in r.stdout
+
+
+def test_bad_import_is_one_line_error(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{"text": ""}\n')
+    r = comprl("library", "import", str(bad), data_dir=tmp_path / "d")
+    assert r.returncode == 2
+    assert "line 2" in r.stderr and "nothing imported" in r.stderr and "Traceback" not in r.stderr

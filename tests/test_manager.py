@@ -1,0 +1,166 @@
+"""The ExperienceManager with the real MiniLM embedder, faiss and SQLite."""
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from core.config import IndexConfig, ManagerConfig
+from core.manager import ExperienceManager, OpContext
+from core.store import ExperienceStore
+from core.types import Operation, Status, format_entry_text
+
+ROOT = Path(__file__).resolve().parents[1]
+
+APPLE = format_entry_text("Apples", "where apples are", "Apples are usually on a countertop or in the fridge.")
+STAIRS = format_entry_text("Stairs", "MiniHack rooms", "Walk diagonally towards the > to reach it in fewer moves.")
+KEYS = format_entry_text("Keys", "door rooms", "Pick up the key first, then apply it towards the locked door.")
+
+
+@pytest.fixture()
+def manager(store, embedder):
+    m = ExperienceManager(store, embedder, ManagerConfig(random_demote=False, sync_interval_s=0.2), IndexConfig(use_gpu="never"))
+    yield m
+    m.close()
+
+
+def add(m, text, env, task):
+    r = m.apply_operations([Operation("add", text=text)], OpContext(env=env, task=task))[0]
+    assert r.ok, r.error
+    return r.new_id
+
+
+def test_add_and_search_by_query_key(manager):
+    a = add(manager, APPLE, "alfworld", "put a clean apple in the fridge")
+    s = add(manager, STAIRS, "minihack", "reach the staircase down")
+    hits = manager.search_sync(["put an apple in the fridge", "go down the stairs"], k=1)
+    assert [h[0].entry_id for h in hits] == [a, s]
+    assert hits[0][0].text == APPLE and 0 < hits[0][0].score <= 1.0001
+    # restricted to a group (the actor's env), an unrelated query still only sees that env
+    assert manager.search_sync(["go down the stairs"], k=3, task="alfworld")[0][0].entry_id == a
+    assert manager.search_sync(["anything"], task="no-such-env") == [[]]
+
+
+def test_operations_apply_one_by_one_and_malformed_are_refused(manager, store):
+    a = add(manager, APPLE, "alfworld", "apple task")
+    b = add(manager, KEYS, "alfworld", "key task")
+    v = store.library_version()
+    res = manager.apply_operations([
+        Operation("add", text=""),                      # empty text
+        Operation("explode", text="x"),                 # unknown function
+        Operation("update", ids=[], text="x"),          # no ids
+        Operation("update", ids=[a, 999], text="m"),     # unknown id: refused whole, `a` untouched
+        Operation("update", ids=[a, a], text="m"),       # repeated id
+        Operation("add", text="x" * 5000),              # over the cap
+        Operation("update", ids=[a, b], text="apples and keys"),  # valid
+        Operation("discard", ids=[a]),                   # a was just archived by the update
+    ], OpContext(env="alfworld", task="apple task"))
+    assert [r.ok for r in res] == [False, False, False, False, False, False, True, False]
+    assert "non-empty" in res[0].error and "unknown operation" in res[1].error and "999" in res[3].error
+    assert "over the cap" in res[5].error and "archived" in res[7].error
+    merged = store.get(res[6].new_id)
+    assert merged.parent_ids == [a, b] and merged.status is Status.ACTIVE
+    assert store.get(a).status is Status.ARCHIVED and store.get(b).status is Status.ARCHIVED
+    assert store.library_version() == v + 1  # only the valid op wrote
+    assert manager.search_sync(["apple task"], k=5)[0][0].entry_id == merged.id  # index in step at once
+    assert a not in manager.index and b not in manager.index
+
+
+def test_concurrent_callers_share_micro_batches(store, embedder):
+    m = ExperienceManager(store, embedder, ManagerConfig(batch_size=16, max_wait_ms=20, random_demote=False),
+                          IndexConfig(use_gpu="never"))
+    try:
+        add(m, APPLE, "e", "apple")
+
+        async def many():
+            return await asyncio.gather(*[m.search([f"query {i}"]) for i in range(48)])
+
+        before = m.stats["batches"]
+        res = asyncio.run(many())
+        assert len(res) == 48 and all(r[0][0].entry_id == 1 for r in res)
+        assert m.stats["batches"] - before <= 4  # 48 callers, flushed at B=16
+        assert embedder.cache_hits >= 0
+    finally:
+        m.close()
+
+
+def test_diversification_spreads_repeated_retrievals(store, embedder):
+    m = ExperienceManager(store, embedder, ManagerConfig(random_demote=False), IndexConfig(use_gpu="never"))
+    try:
+        ids = [add(m, format_entry_text(f"Stairs {i}", "room", f"tip number {i} about reaching the stairs"), "e",
+                   "reach the staircase down") for i in range(4)]
+        got = [m.search_sync(["reach the staircase down"], k=1)[0][0].entry_id for _ in range(4)]
+        # all four keys are identical (same task query): Eq. 6 makes each retrieval pick a fresh one
+        assert sorted(got) == sorted(ids)
+    finally:
+        m.close()
+    m2 = ExperienceManager(store, embedder, ManagerConfig(diversify=False), IndexConfig(use_gpu="never"))
+    try:
+        got = {m2.search_sync(["reach the staircase down"], k=1)[0][0].entry_id for _ in range(4)}
+        assert len(got) == 1  # the ablation switch: always the top hit
+    finally:
+        m2.close()
+    time.sleep(0.3)
+    assert sum(store.get(i).retrieved_count for i in ids) >= 4  # counters were written behind
+
+
+EDITOR = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {root!r})
+    from core.store import ExperienceStore
+    s = ExperienceStore({url!r})
+    e = s.get(int(sys.argv[1]))
+    s.update_text(e.id, sys.argv[2], expected_version=e.version, actor="human")
+    s.add_entry(sys.argv[3], env="e", task="a brand new task about lanterns", actor="human")
+    s.archive([int(sys.argv[4])], actor="human")
+""")
+
+
+def test_change_by_another_process_is_seen_within_two_seconds(store, embedder, db_url, tmp_path):
+    m = ExperienceManager(store, embedder, ManagerConfig(random_demote=False, diversify=False), IndexConfig(use_gpu="never"))
+    try:
+        a = add(m, APPLE, "e", "apple task")
+        b = add(m, KEYS, "e", "key task")
+        script = tmp_path / "edit.py"
+        script.write_text(EDITOR.format(root=str(ROOT), url=db_url))
+        subprocess.run([sys.executable, str(script), str(a), "EDITED BY A PERSON", LANTERN := "Light the lantern first.", str(b)],
+                       check=True, timeout=60)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 2.0:
+            hits = m.search_sync(["apple task", "a brand new task about lanterns", "key task"], k=1, task="e")
+            if hits[0][0].text == "EDITED BY A PERSON" and hits[1][0].text == LANTERN and all(h.entry_id != b for h in hits[2]):
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail(f"edits from another process not seen within 2 s: {hits}")
+    finally:
+        m.close()
+
+
+def test_rebuild_from_store_on_start(store, embedder):
+    m = ExperienceManager(store, embedder, ManagerConfig(random_demote=False), IndexConfig(use_gpu="never"))
+    a = add(m, APPLE, "e", "apple task")
+    m.close()
+    store.add_entry(STAIRS, env="e", task="stairs task", actor="human")  # written with no embedder around
+    m2 = ExperienceManager(store, embedder, ManagerConfig(random_demote=False), IndexConfig(use_gpu="never"))
+    try:
+        assert len(m2.index) == 2
+        assert m2.search_sync(["stairs task"])[0][0].text == STAIRS
+        assert m2.search_sync(["apple task"])[0][0].entry_id == a
+    finally:
+        m2.close()
+
+
+def test_latency_and_training_stats(manager):
+    a = add(manager, APPLE, "e", "apple")
+    manager.search_sync(["apple"] * 3)
+    lat = manager.latency_percentiles()
+    assert lat["retrieval/latency_p50_ms"] > 0 and lat["retrieval/latency_p99_ms"] >= lat["retrieval/latency_p50_ms"]
+    manager.record_trained([a, a], step=7)
+    assert manager.training_stats([a]) == {a: (2, 7)}

@@ -1,0 +1,180 @@
+"""The store against a real SQLite file: CRUD, versions, diff, revert, stale writes, two processes."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from core.store import ExperienceStore, NewEntry, NotFoundError, StaleWriteError, StoreError
+from core.types import Generation, Source, Status
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_add_get_and_fields(store):
+    gen = Generation(prompt="p", response="r", prompt_ids=[1, 2], response_ids=[3], response_logprobs=[-0.5], model_version=2)
+    eid = store.add_entries([NewEntry(text="## Title: a", env="minihack/Room-5x5", task="reach >", query="reach >",
+                                      generation=gen, created_step=4, run_id=None, query_embedding=np.ones(4, np.float32))])[0]
+    e = store.get(eid)
+    assert (e.text, e.env, e.task, e.version, e.status, e.source) == ("## Title: a", "minihack/Room-5x5", "reach >", 1, Status.ACTIVE, Source.EXTRACTED)
+    assert e.generation == gen and e.created_step == 4
+    assert store.embeddings([eid])[eid].tolist() == [1, 1, 1, 1]
+    with pytest.raises(NotFoundError):
+        store.get(999)
+    with pytest.raises(StoreError):
+        store.add_entries([NewEntry(text="  ")])
+
+
+def test_library_version_moves_on_every_content_write_only(store):
+    v0 = store.library_version()
+    a = store.add_entry("one")
+    v1 = store.library_version()
+    store.update_text(a, "one!", expected_version=1)
+    v2 = store.library_version()
+    store.archive([a])
+    v3 = store.library_version()
+    store.restore([a])
+    v4 = store.library_version()
+    assert v0 < v1 < v2 < v3 < v4
+    store.record_retrievals([a, a])  # statistics, not content
+    store.record_trained([a], step=3)
+    assert store.library_version() == v4
+    assert store.get(a).retrieved_count == 2 and store.training_stats([a]) == {a: (1, 3)}
+    cur, changed = store.changes_since(v2)
+    assert cur == v4 and [e.id for e in changed] == [a]
+
+
+def test_update_history_diff_revert(store):
+    a = store.add_entry("line one\nline two")
+    store.update_text(a, "line one\nline 2", expected_version=1, actor="alice")
+    store.update_text(a, "line one\nline 2\nline three", expected_version=2, actor="bob")
+    h = store.history(a)
+    assert [(v.version, v.action, v.actor) for v in h] == [(1, "create", "extractor"), (2, "edit", "alice"), (3, "edit", "bob")]
+    d = store.diff(a, 1, 3)
+    assert "-line two" in d and "+line 2" in d and "+line three" in d
+    e = store.revert(a, 1, expected_version=3)
+    assert e.text == "line one\nline two" and e.version == 4
+    assert store.history(a)[-1].note == "revert to v1"
+
+
+def test_stale_write_is_refused_and_nothing_is_lost(store):
+    a = store.add_entry("original")
+    store.update_text(a, "alice's edit", expected_version=1)
+    with pytest.raises(StaleWriteError) as err:
+        store.update_text(a, "bob's edit from v1", expected_version=1)
+    assert "version 1" in str(err.value) and "version 2" in str(err.value)
+    assert store.get(a).text == "alice's edit" and store.get(a).version == 2
+    assert [v.text for v in store.history(a)] == ["original", "alice's edit"]
+
+
+def test_archive_restore_and_filters(store):
+    ids = store.add_entries([NewEntry(text=f"entry {i} {'apple' if i % 2 else 'key'}", env="e1" if i < 6 else "e2",
+                                      task=f"t{i % 3}", source=Source.MANUAL if i == 0 else Source.EXTRACTED) for i in range(10)])
+    store.record_retrievals([ids[3]] * 5 + [ids[7]] * 2)
+    store.archive([ids[1], ids[2]])
+    assert store.count() == 8 and store.count(status=None) == 10
+    assert store.list_entries(env="e2").total == 4
+    assert store.list_entries(text="APPLE").total == 4  # odd i: 1,3,5,7,9, minus archived 1
+    assert store.list_entries(source="manual").total == 1
+    assert store.list_entries(task="t0").total == 4
+    top = store.list_entries(sort="retrieved_count", descending=True, limit=2).entries
+    assert [e.id for e in top] == [ids[3], ids[7]]
+    page = store.list_entries(offset=3, limit=3)
+    assert page.total == 8 and len(page.entries) == 3
+    assert store.list_entries(status="archived").total == 2
+    store.restore([ids[1]])
+    assert store.get(ids[1]).status is Status.ACTIVE
+    with pytest.raises(StoreError):
+        store.list_entries(sort="text; drop table entries")
+
+
+def test_replace_and_undo_keep_lineage(store):
+    a, b = store.add_entry("a", env="e", task="t"), store.add_entry("b", env="e", task="t")
+    c = store.replace_entries([a, b], NewEntry(text="a+b", source=Source.MERGED), actor="merge", action="merge")
+    ec = store.get(c)
+    assert ec.parent_ids == [a, b] and ec.env == "e" and ec.source is Source.MERGED
+    assert store.get(a).status is Status.ARCHIVED and store.children(a) == [c]
+    with pytest.raises(StoreError):
+        store.replace_entries([a], NewEntry(text="x"), actor="m", action="merge")  # archived parent
+    assert store.undo_replace(c) == [a, b]
+    assert store.get(c).status is Status.ARCHIVED and store.get(a).status is Status.ACTIVE
+
+
+def test_snapshot_at_past_version(store):
+    a = store.add_entry("first")
+    v = store.library_version()
+    store.update_text(a, "second", expected_version=1)
+    b = store.add_entry("other")
+    snap = store.snapshot_at(v)
+    assert [(s.entry_id, s.text) for s in snap] == [(a, "first")]
+    assert {s.entry_id for s in store.snapshot_at(store.library_version())} == {a, b}
+
+
+def test_runs_metrics_commands_trajectories_ab(store):
+    r = store.create_run("demo", variant="grpo", env="minihack/Room-5x5")
+    store.update_run(r, status="running", step=3)
+    store.log_metrics(r, 1, {"policy/loss": 0.5, "policy/reward_with_exp": 0.1})
+    store.log_metrics(r, 2, {"policy/loss": 0.4, "bad": float("nan")})
+    rows = store.metrics_since(r, ["policy/loss"])
+    assert [(k, s, v) for _, k, s, v, _ in rows] == [("policy/loss", 1, 0.5), ("policy/loss", 2, 0.4)]
+    assert store.metrics_since(r, ["policy/loss"], after_id=rows[0][0])[0][3] == 0.4
+    assert store.latest_metrics(r) == {"policy/loss": 0.4, "policy/reward_with_exp": 0.1}
+    store.send_command(r, "pause")
+    store.send_command(r, "stop")
+    assert store.take_commands(r) == ["pause", "stop"] and store.take_commands(r) == []
+    with pytest.raises(StoreError):
+        store.send_command(r, "explode")
+    t = store.add_trajectories([{"run_id": r, "env": "x", "task": "t", "seed": 1, "success": True, "num_actions": 2,
+                                 "steps": [{"observation": "o", "action": "a"}], "experience_ids": [1]}])[0]
+    assert store.get_trajectory(t)["steps"][0]["action"] == "a"
+    ab = store.create_ab_test("a vs b", {"arms": 2})
+    store.update_ab_test(ab, status="done", results={"p": 0.5})
+    assert store.get_ab_test(ab)["results"] == {"p": 0.5}
+    assert store.get_run(r)["status"] == "running"
+
+
+WRITER = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {root!r})
+    from core.store import ExperienceStore, StaleWriteError
+    s = ExperienceStore({url!r})
+    role, n = sys.argv[1], int(sys.argv[2])
+    if role == "trainer":
+        for i in range(n):
+            s.add_entry(f"trainer entry {{i}}", env="e", actor="extractor")
+    else:
+        ids = [int(x) for x in sys.argv[3].split(",")]
+        for r in range(n):
+            for i in ids:
+                while True:
+                    e = s.get(i)
+                    try:
+                        s.update_text(i, e.text + f" +edit{{r}}", expected_version=e.version, actor="human")
+                        break
+                    except StaleWriteError:
+                        continue
+""")
+
+
+def test_two_processes_writing_at_once_lose_nothing(db_url, tmp_path):
+    s = ExperienceStore(db_url)
+    targets = [s.add_entry(f"human target {i}") for i in range(3)]
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER.format(root=str(ROOT), url=db_url))
+    procs = [
+        subprocess.Popen([sys.executable, str(script), "trainer", "60"]),
+        subprocess.Popen([sys.executable, str(script), "human", "15", ",".join(map(str, targets))]),
+        subprocess.Popen([sys.executable, str(script), "trainer", "60"]),
+    ]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0]
+    assert s.list_entries(text="trainer entry").total == 120
+    for t in targets:
+        e = s.get(t)
+        assert e.version == 16 and e.text.count("+edit") == 15
+        assert len(s.history(t)) == 16
+    # Every write bumped the version exactly once: 3 adds + 120 adds + 45 edits.
+    assert s.library_version() == 3 + 120 + 45
