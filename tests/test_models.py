@@ -1,0 +1,365 @@
+"""trainers/models.py: tiny model building, the hf back end, the openai back end against a real
+loopback server, and the vllm back end (GPU only)."""
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import torch
+
+from trainers.models import (
+    BackendError,
+    HFBackend,
+    LoraSettings,
+    OpenAIBackend,
+    build_tiny_qwen2,
+    build_tokenizer,
+    load_backend,
+    save_model_folder,
+    vllm_available,
+)
+
+TEXTS = [
+    f"You are in the kitchen. You see a fridge {i}, a countertop {i % 3} and a cabinet. "
+    "Your task is to put a cool apple in the microwave. > go to fridge 1. > open fridge 1. "
+    "> take apple 1 from fridge 1. north south east west. The door is locked. You win!"
+    for i in range(200)
+]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    tok = build_tokenizer(TEXTS, vocab_size=400)
+    model = build_tiny_qwen2(tok, hidden=64, layers=2, heads=4, kv_heads=2, mlp=128, max_pos=512, seed=0)
+    with torch.no_grad():
+        # Sharper logits than the default init, so greedy choices are not near-ties that float
+        # noise could flip (the batched-vs-single comparison must test positions, not rounding).
+        model.model.embed_tokens.weight.mul_(4.0)
+    return save_model_folder(model, tok, tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def hf(model_dir):
+    return load_backend("hf", model_dir, quiet=True)
+
+
+def prompts_of(hf, n=5):
+    texts = ["go to", "You are in the kitchen. You see a fridge 3", "open fridge 1. take apple", "> ", "north south east west. The door"]
+    return [hf.encode(t) for t in texts[:n]]
+
+
+# ---------------------------------------------------------------- building and loading
+
+def test_tokenizer_has_chatml_and_specials(hf, model_dir):
+    tok = hf.tokenizer
+    for s in ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|pad|>"):
+        assert s in tok.get_vocab()
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|pad|>"
+    text = hf.apply_chat_template([{"role": "system", "content": "be brief"}, {"role": "user", "content": "go north"}])
+    assert text == "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\ngo north<|im_end|>\n<|im_start|>assistant\n"
+    ids = hf.apply_chat_template([{"role": "user", "content": "go north"}], tokenize=True)
+    assert ids[0] == tok.convert_tokens_to_ids("<|im_start|>") and tok.decode(ids) == "<|im_start|>user\ngo north<|im_end|>\n<|im_start|>assistant\n"
+    # byte-level: unseen characters still round-trip
+    assert tok.decode(hf.encode("Zürich ✓")) == "Zürich ✓"
+    assert tok.convert_tokens_to_ids("<|im_end|>") in hf.end_ids
+    cfg = json.loads((model_dir / "config.json").read_text())
+    assert cfg["model_type"] == "qwen2" and cfg["tie_word_embeddings"] is True
+
+
+def test_load_backend_describes_itself(model_dir, capsys):
+    b = load_backend("auto" if not (vllm_available() and torch.cuda.is_available()) else "hf", model_dir, device="cpu")
+    assert isinstance(b, HFBackend)
+    line = capsys.readouterr().out
+    assert "[comprl] model back end: hf" in line and "cpu" in line
+    assert "float32" in b.describe()
+
+
+def test_bad_model_path_is_one_sentence(tmp_path):
+    with pytest.raises(BackendError) as e:
+        load_backend("hf", tmp_path / "nope", quiet=True)
+    msg = str(e.value)
+    assert "nope" in msg and "\n" not in msg and "save_pretrained" in msg
+    with pytest.raises(BackendError, match="Unknown model back end"):
+        load_backend("tpu", tmp_path)
+
+
+@pytest.mark.skipif(vllm_available(), reason="vLLM is installed here")
+def test_vllm_missing_names_the_extra(model_dir):
+    with pytest.raises(BackendError) as e:
+        load_backend("vllm", model_dir, quiet=True)
+    assert 'pip install -e ".[gpu]"' in str(e.value) and "\n" not in str(e.value)
+
+
+# ---------------------------------------------------------------- sampling
+
+def test_batched_left_padded_greedy_equals_unbatched(hf):
+    # RoPE attention only sees relative positions, so a constant per-row offset would go unnoticed;
+    # what breaks with left padding is an offset that differs between prefill and decoding. That
+    # moves the log-probs by ~1e-3 on this model, hence the tight log-prob comparison below.
+    prompts = prompts_of(hf)
+    assert len({len(p) for p in prompts}) > 2  # really different lengths: real left padding
+    batched = hf.generate(prompts, max_new_tokens=12, temperature=0.0)
+    for p, b in zip(prompts, batched):
+        single = hf.generate([p], max_new_tokens=12, temperature=0.0)[0]
+        assert b.prompt_ids == p
+        assert b.token_ids == single.token_ids
+        assert torch.allclose(torch.tensor(b.logprobs), torch.tensor(single.logprobs), atol=1e-4)
+    # and the batch is not trivially one repeated completion
+    assert len({tuple(b.token_ids) for b in batched}) > 1
+
+
+def test_stop_string_cuts_text_but_keeps_ids(hf):
+    p = hf.encode("You are in the kitchen. You see")
+    full = hf.generate([p], max_new_tokens=24, temperature=0.0)[0]
+    text = full.text
+    k = next(k for k in range(3, len(text) - 2) if "\ufffd" not in text[k : k + 2] and text.find(text[k : k + 2]) == k)
+    stop = text[k : k + 2]
+    cut = hf.generate([p], max_new_tokens=24, temperature=0.0, stop=[stop, "never-seen-stop"])[0]
+    assert cut.finish_reason == "stop"
+    assert cut.text == text[:k]
+    assert cut.token_ids == full.token_ids[: len(cut.token_ids)]
+    assert stop in hf.tokenizer.decode(cut.token_ids)  # ids run through the token that completed the stop
+    assert len(cut.logprobs) == len(cut.token_ids)
+    assert full.finish_reason == "length" and len(full.token_ids) == 24
+
+
+def test_end_token_ends_a_completion(model_dir):
+    b = load_backend("hf", model_dir, quiet=True)
+    im_end = b.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    bias = torch.zeros(len(b.tokenizer))
+    bias[im_end] = 1e4  # a forward hook on the head makes <|im_end|> the certain next token
+    handle = b.model.lm_head.register_forward_hook(lambda mod, inp, out: out + bias)
+    try:
+        out = b.generate([b.encode("go to"), b.encode("open")], max_new_tokens=5, temperature=1.0, seed=0)
+    finally:
+        handle.remove()
+    for o in out:
+        assert o.finish_reason == "eos" and o.token_ids == [im_end] and o.text == ""
+        assert o.logprobs[0] == pytest.approx(0.0, abs=1e-4)
+
+
+def test_logprobs_recomputed_match_sampling_time(hf):
+    prompts = prompts_of(hf, 4)
+    outs = hf.generate(prompts, max_new_tokens=10, temperature=1.0, top_p=1.0, seed=7)
+    lp = hf.logprobs([o.prompt_ids + o.token_ids for o in outs])  # (N, T)
+    assert lp.shape == (4, max(len(o.prompt_ids) + len(o.token_ids) for o in outs))
+    for i, o in enumerate(outs):
+        start = len(o.prompt_ids)
+        got = lp[i, start : start + len(o.token_ids)]
+        assert torch.allclose(got, torch.tensor(o.logprobs), atol=1e-4)
+        assert torch.allclose(torch.tensor(o.sample_logprobs), torch.tensor(o.logprobs), atol=1e-6)  # T=1, top-p 1
+        assert lp[i, 0] == 0.0 and torch.all(lp[i, start + len(o.token_ids) :] == 0.0)
+
+
+def test_tempered_sampling_logprobs_are_the_sampling_distribution(hf):
+    prompts = prompts_of(hf, 3)
+    outs = hf.generate(prompts, max_new_tokens=8, temperature=0.7, seed=3)
+    raw = hf.logprobs([o.prompt_ids + o.token_ids for o in outs])
+    tempered = hf.logprobs([o.prompt_ids + o.token_ids for o in outs], temperature=0.7)
+    for i, o in enumerate(outs):
+        s = len(o.prompt_ids)
+        assert torch.allclose(raw[i, s : s + len(o.token_ids)], torch.tensor(o.logprobs), atol=1e-4)
+        assert torch.allclose(tempered[i, s : s + len(o.token_ids)], torch.tensor(o.sample_logprobs), atol=1e-4)
+
+
+def test_seed_determinism_and_top_p(hf):
+    prompts = prompts_of(hf, 3) * 2
+    a = hf.generate(prompts, max_new_tokens=10, temperature=1.0, seed=11)
+    b = hf.generate(prompts, max_new_tokens=10, temperature=1.0, seed=11)
+    c = hf.generate(prompts, max_new_tokens=10, temperature=1.0, seed=12)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    assert [o.token_ids for o in a] != [o.token_ids for o in c]
+    assert a[0].token_ids != a[3].token_ids  # the same prompt twice in a call samples differently
+    greedy = hf.generate(prompts[:3], max_new_tokens=10, temperature=0.0)
+    tiny_p = hf.generate(prompts[:3], max_new_tokens=10, temperature=1.0, top_p=1e-6, seed=5)
+    assert [o.token_ids for o in greedy] == [o.token_ids for o in tiny_p]
+
+
+def test_input_errors(hf):
+    with pytest.raises(ValueError, match="exceeds"):
+        hf.generate([[1] * 500], max_new_tokens=20)
+    with pytest.raises(ValueError):
+        hf.generate([[]], max_new_tokens=2)
+
+
+# ---------------------------------------------------------------- training-side use
+
+def test_logprobs_with_grad_and_weight_sync(model_dir, hf):
+    learner = load_backend("hf", model_dir, quiet=True)
+    seqs = [o.prompt_ids + o.token_ids for o in hf.generate(prompts_of(hf, 3), max_new_tokens=6, seed=1)]
+    lp = learner.logprobs(seqs, grad=True)
+    assert lp.requires_grad
+    opt = torch.optim.SGD(learner.trainable_parameters(), lr=0.5)
+    (-lp.sum()).backward()
+    opt.step()
+    after = learner.logprobs(seqs)
+    assert not torch.allclose(after, hf.logprobs(seqs))  # the learner moved
+    rollout = load_backend("hf", model_dir, quiet=True)
+    rollout.sync_weights(learner.state_dict_for_sync())
+    assert torch.allclose(rollout.logprobs(seqs), after, atol=1e-6)
+    saved = learner.save(model_dir.parent / "after-step")
+    assert torch.allclose(load_backend("hf", saved, quiet=True).logprobs(seqs), after, atol=1e-6)
+    rollout.load_weights(saved)  # from a folder, as after a checkpoint
+    with pytest.raises(BackendError):
+        rollout.load_weights({"not.a.weight": torch.zeros(1)})
+
+
+def test_lora_trains_adapters_only_and_merges(model_dir, hf):
+    b = load_backend("hf", model_dir, lora=LoraSettings(r=4, alpha=8), quiet=True)
+    params = b.trainable_parameters()
+    assert params and all(p.numel() < 64 * 64 for p in params)
+    seqs = [o.prompt_ids + o.token_ids for o in hf.generate(prompts_of(hf, 2), max_new_tokens=5, seed=2)]
+    base = hf.logprobs(seqs)
+    assert torch.allclose(b.logprobs(seqs), base, atol=1e-5)  # LoRA B starts at 0
+    opt = torch.optim.SGD(params, lr=1.0)
+    for _ in range(3):
+        opt.zero_grad()
+        (-b.logprobs(seqs, grad=True).sum()).backward()
+        opt.step()
+    trained = b.logprobs(seqs)
+    assert not torch.allclose(trained, base, atol=1e-4)
+    target = load_backend("hf", model_dir, quiet=True)
+    target.sync_weights(b.state_dict_for_sync())  # merged weights under plain names
+    assert torch.allclose(target.logprobs(seqs), trained, atol=1e-4)
+    assert torch.allclose(b.logprobs(seqs), trained)  # unmerged again after the export
+    assert "LoRA r=4" in b.describe()
+
+
+# ---------------------------------------------------------------- openai back end, real loopback server
+
+class _Server:
+    """A minimal OpenAI-compatible HTTP server over an HFBackend (completions and chat)."""
+
+    def __init__(self, backend, fail_first: int = 0):
+        self.backend, self.fail_left, self.requests = backend, fail_first, 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _send(self, code, obj):
+                data = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests += 1
+                if outer.fail_left > 0:
+                    outer.fail_left -= 1
+                    return self._send(503, {"error": "warming up"})
+                if body.get("model") != "tiny":
+                    return self._send(404, {"error": f"model {body.get('model')!r} not found"})
+                kw = dict(max_new_tokens=body.get("max_tokens", 16), temperature=body.get("temperature", 1.0),
+                          top_p=body.get("top_p", 1.0), stop=body.get("stop"), seed=body.get("seed"))
+                as_ids = bool(body.get("return_tokens_as_token_ids"))
+                tok = outer.backend.tokenizer
+
+                def names(ids):
+                    return [f"token_id:{t}" if as_ids else tok.decode([t]) for t in ids]
+
+                if self.path == "/v1/completions":
+                    prompts = body["prompt"]
+                    if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+                        prompts = [prompts]
+                    outs = outer.backend.generate(prompts, **kw)
+                    choices = [{"index": i, "text": o.text, "finish_reason": "length" if o.finish_reason == "length" else "stop",
+                                "logprobs": {"tokens": names(o.token_ids), "token_logprobs": o.logprobs}} for i, o in enumerate(outs)]
+                    return self._send(200, {"object": "text_completion", "model": "tiny", "choices": choices})
+                if self.path == "/v1/chat/completions":
+                    o = outer.backend.chat([body["messages"]], **kw)[0]
+                    content = [{"token": n, "logprob": lp} for n, lp in zip(names(o.token_ids), o.logprobs)]
+                    choice = {"index": 0, "message": {"role": "assistant", "content": o.text},
+                              "finish_reason": "length" if o.finish_reason == "length" else "stop", "logprobs": {"content": content}}
+                    return self._send(200, {"object": "chat.completion", "model": "tiny", "choices": [choice]})
+                return self._send(404, {"error": "no such route"})
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_openai_round_trip_against_loopback_server(hf, model_dir):
+    prompts = prompts_of(hf, 3)
+    local = hf.generate(prompts, max_new_tokens=8, temperature=0.0)
+    with _Server(hf) as srv:
+        client = load_backend("openai", "tiny", base_url=srv.url, quiet=True, token_ids_from_server=True)
+        assert isinstance(client, OpenAIBackend) and srv.url in client.describe()
+        remote = client.generate(prompts, max_new_tokens=8, temperature=0.0)
+        assert [r.text for r in remote] == [o.text for o in local]
+        assert [r.token_ids for r in remote] == [o.token_ids for o in local]
+        assert torch.allclose(torch.tensor(remote[0].logprobs), torch.tensor(local[0].logprobs), atol=1e-5)
+        # string prompts and chat
+        s = client.generate(["go to"], max_new_tokens=4, temperature=0.0)[0]
+        assert s.text == hf.generate(["go to"], max_new_tokens=4, temperature=0.0)[0].text
+        conv = [{"role": "user", "content": "go north"}]
+        chat = client.chat([conv, conv], max_new_tokens=6, temperature=0.0)
+        assert chat[0].text == chat[1].text == hf.chat([conv], max_new_tokens=6, temperature=0.0)[0].text
+        # a local tokenizer folder gives templates; without server ids, text is re-tokenised
+        with_tok = OpenAIBackend(srv.url, "tiny", tokenizer_path=model_dir)
+        assert with_tok.apply_chat_template(conv) == hf.apply_chat_template(conv)
+        assert with_tok.generate(["go to"], max_new_tokens=4, temperature=0.0)[0].text == s.text
+        with pytest.raises(BackendError, match="inference only"):
+            client.logprobs([[1, 2, 3]])
+        with pytest.raises(BackendError, match="refused"):
+            OpenAIBackend(srv.url, "other-model", max_retries=0).generate(["x"], max_new_tokens=2)
+
+
+def test_openai_retries_then_succeeds_and_gives_up_on_a_dead_port(hf):
+    with _Server(hf, fail_first=2) as srv:
+        client = OpenAIBackend(srv.url, "tiny", max_retries=3, backoff_s=0.01, timeout=10)
+        out = client.generate(["go to"], max_new_tokens=3, temperature=0.0)
+        assert out[0].text == hf.generate(["go to"], max_new_tokens=3, temperature=0.0)[0].text
+        assert srv.requests == 3
+        port = srv.httpd.server_address[1]
+    dead = OpenAIBackend(f"http://127.0.0.1:{port}", "tiny", max_retries=1, backoff_s=0.01, timeout=2)
+    with pytest.raises(BackendError, match="did not answer after 2 tries"):
+        dead.generate(["go to"], max_new_tokens=2)
+
+
+# ---------------------------------------------------------------- GPU only
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_hf_on_cuda_uses_bf16_and_matches_cpu_greedy(model_dir, hf):
+    g = load_backend("hf", model_dir, device="cuda", quiet=True)
+    assert g.dtype == torch.bfloat16 and "cuda" in g.describe()
+    outs = g.generate(prompts_of(hf, 3), max_new_tokens=6, temperature=1.0, seed=0)
+    lp = g.logprobs([o.prompt_ids + o.token_ids for o in outs]).cpu()
+    for i, o in enumerate(outs):
+        s = len(o.prompt_ids)
+        assert torch.allclose(lp[i, s : s + len(o.token_ids)], torch.tensor(o.logprobs), atol=0.1)  # bf16
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (vllm_available() and torch.cuda.is_available()), reason="needs vLLM and a CUDA GPU")
+def test_vllm_generates_and_syncs_weights(model_dir, hf):
+    v = load_backend("vllm", model_dir, quiet=True, gpu_memory_utilization=0.2, enforce_eager=True)
+    prompts = prompts_of(hf, 3)
+    outs = v.generate(prompts, max_new_tokens=8, temperature=1.0, seed=0)
+    assert all(len(o.token_ids) == len(o.logprobs) > 0 for o in outs)
+    lp = v.logprobs([o.prompt_ids + o.token_ids for o in outs])
+    for i, o in enumerate(outs):
+        s = len(o.prompt_ids)
+        assert torch.allclose(lp[i, s : s + len(o.token_ids)], torch.tensor(o.logprobs), atol=0.1)
+    learner = load_backend("hf", model_dir, quiet=True)
+    with torch.no_grad():
+        for p in learner.trainable_parameters():
+            p.mul_(0.5)
+    seqs = [o.prompt_ids + o.token_ids for o in outs]
+    v.sync_weights(learner.state_dict_for_sync())
+    assert torch.allclose(v.logprobs(seqs), learner.logprobs(seqs), atol=0.1)

@@ -1,0 +1,991 @@
+"""Model back ends: the only module that knows which inference engine runs (DESIGN.md habit 6).
+
+Rollouts and learners talk to a `ModelBackend`:
+
+    backend = load_backend("auto", "path/to/hf-folder")        # prints which back end and device
+    outs = backend.generate(prompt_ids, max_new_tokens=32, temperature=1.0, top_p=1.0,
+                            stop=["\\n"], seed=step * 1000 + worker)
+    outs[0].token_ids, outs[0].text, outs[0].logprobs        # sampled ids, text, (len,) log-probs
+    lp = backend.logprobs([prompt + reply for ...])            # (N, T), aligned with the ids
+    backend.sync_weights(learner.state_dict_for_sync())        # after each update
+
+Three back ends:
+- `hf`: transformers on CPU or CUDA, our own batched sampling loop with a KV cache (left padding,
+  explicit position ids), bf16 on GPU, optional LoRA through peft. It also trains: `logprobs(...,
+  grad=True)` and `trainable_parameters()`.
+- `vllm`: rollouts on a GPU through vLLM's offline `LLM`, weights synced after each update through a
+  worker extension (`collective_rpc`). Needs the `[gpu]` extra.
+- `openai`: any OpenAI-compatible HTTP endpoint (a vLLM server, a hosted model), inference only.
+
+Which log-probs come back: `GenerationOutput.logprobs` are under the *raw* model (temperature 1, no
+top-p) — exactly what `logprobs()` recomputes, so they serve as `logp_old` in the PPO/CISPO ratios
+(vLLM's default "raw" log-probs are the same quantity). `sample_logprobs` are under the distribution
+actually sampled from (after temperature and top-p); the hf back end fills them, for importance
+corrections and entropy diagnostics.
+
+Also here: building the tiny embedded default models (`build_tokenizer`, `build_tiny_qwen2`).
+"""
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "BackendError",
+    "GenerationOutput",
+    "LoraSettings",
+    "ModelBackend",
+    "HFBackend",
+    "VLLMBackend",
+    "OpenAIBackend",
+    "VLLMWeightSyncExtension",
+    "load_backend",
+    "vllm_available",
+    "build_tokenizer",
+    "build_tiny_qwen2",
+    "save_model_folder",
+    "pad_right",
+    "CHATML_TEMPLATE",
+    "SPECIAL_TOKENS",
+]
+
+GPU_EXTRA_HINT = 'pip install -e ".[gpu]"'
+
+# ChatML, as Qwen2 uses it: "<|im_start|>role\ncontent<|im_end|>\n" per message.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>")
+
+
+class BackendError(RuntimeError):
+    """A model back end cannot be built or asked for this; the message says what to do."""
+
+
+@dataclass
+class GenerationOutput:
+    """One completion. token_ids run through the token that ended it (an end token is kept, so the
+    learner can train the model to emit it); `text` is decoded without special tokens and cut before
+    the first stop string."""
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    text: str
+    logprobs: list[float]  # (len(token_ids),) under the raw model: temperature 1, no top-p
+    sample_logprobs: list[float] = field(default_factory=list)  # under the sampling distribution; [] if unknown
+    finish_reason: str = "length"  # "eos" (an end token), "stop" (a stop string) or "length"
+
+
+@dataclass
+class LoraSettings:
+    """LoRA adapters through peft (only the adapters train; the base stays frozen)."""
+
+    r: int = 8  # adapter rank
+    alpha: int = 16  # scaling numerator (scale = alpha / r)
+    dropout: float = 0.0  # dropout on the adapter input
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")  # module names to adapt
+
+
+Prompts = Sequence[str] | Sequence[Sequence[int]]
+Messages = Sequence[Mapping[str, str]]
+
+
+@runtime_checkable
+class ModelBackend(Protocol):
+    """What rollouts and learners may ask of a model, whatever engine serves it."""
+
+    kind: str
+    tokenizer: Any  # a transformers tokenizer, or None (openai without a local tokenizer)
+
+    def generate(
+        self,
+        prompts: Prompts,
+        *,
+        max_new_tokens: int = 64,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        stop: Sequence[str] | None = None,
+        seed: int | None = None,
+    ) -> list[GenerationOutput]: ...
+
+    def chat(self, conversations: Sequence[Messages], **generate_kwargs: Any) -> list[GenerationOutput]: ...
+
+    def logprobs(self, sequences: Sequence[Sequence[int]], *, temperature: float = 1.0) -> Tensor: ...
+
+    def apply_chat_template(
+        self, messages: Messages, *, add_generation_prompt: bool = True, tokenize: bool = False
+    ) -> str | list[int]: ...
+
+    def load_weights(self, weights: Mapping[str, Tensor] | str | os.PathLike) -> None: ...
+
+    def sync_weights(self, weights: Mapping[str, Tensor] | str | os.PathLike) -> None: ...
+
+    def describe(self) -> str: ...
+
+
+# ---------------------------------------------------------------------------- shared helpers
+
+def vllm_available() -> bool:
+    """True when `import vllm` would succeed (checked without importing it: it is slow and heavy)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def _check_model_folder(model_path: str | os.PathLike) -> Path:
+    p = Path(model_path).expanduser()
+    if not p.is_dir() or not (p / "config.json").is_file():
+        raise BackendError(
+            f"Model path {str(p)!r} is not a Hugging Face model folder (no config.json there): build the default "
+            "models with `comprl models init` or point the config at a folder written by save_pretrained."
+        )
+    return p
+
+
+def pad_right(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    """Right-pad token sequences: returns ids (N, T) long and attention mask (N, T) long."""
+    n = len(sequences)
+    t = max((len(s) for s in sequences), default=0)
+    ids = torch.full((n, t), pad_id, dtype=torch.long)
+    mask = torch.zeros((n, t), dtype=torch.long)
+    for i, s in enumerate(sequences):
+        if len(s):
+            ids[i, : len(s)] = torch.as_tensor(list(s), dtype=torch.long)
+            mask[i, : len(s)] = 1
+    return ids, mask
+
+
+def _read_weights(path: str | os.PathLike) -> Iterator[tuple[str, Tensor]]:
+    """(name, tensor) pairs from a .safetensors file or every .safetensors file of a folder."""
+    from safetensors import safe_open
+
+    p = Path(path)
+    files = sorted(p.glob("*.safetensors")) if p.is_dir() else [p]
+    if not files or not all(f.is_file() for f in files):
+        raise BackendError(f"No .safetensors weights found at {str(p)!r}: pass a model folder or a .safetensors file.")
+    for f in files:
+        with safe_open(str(f), framework="pt", device="cpu") as fh:
+            for k in fh.keys():
+                yield k, fh.get_tensor(k)
+
+
+def _write_weights(weights: Mapping[str, Tensor], path: Path) -> None:
+    """Save a state dict as one safetensors file; tied tensors (one storage, two names) are kept once,
+    as save_pretrained does, since safetensors refuses shared storage."""
+    from safetensors.torch import save_file
+
+    seen: set[tuple[int, int]] = set()
+    out: dict[str, Tensor] = {}
+    for k, v in weights.items():
+        t = v.detach()
+        key = (t.untyped_storage().data_ptr(), t.storage_offset())
+        if key in seen:
+            continue
+        seen.add(key)
+        out[k] = t.to("cpu").contiguous()
+    save_file(out, str(path))
+
+
+def _as_chat_template_output(res: Any, tokenize: bool) -> str | list[int]:
+    # transformers 5 returns a BatchEncoding from apply_chat_template(tokenize=True); 4.x a list.
+    if tokenize and not isinstance(res, list):
+        res = res["input_ids"]
+    return res
+
+
+def _end_token_ids(tokenizer: Any, generation_config: Any = None) -> set[int]:
+    """Token ids that end a completion: the tokenizer's EOS, generation_config's EOS ids, <|im_end|>."""
+    ids: set[int] = set()
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    eos = getattr(generation_config, "eos_token_id", None) if generation_config is not None else None
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif isinstance(eos, (list, tuple)):
+        ids.update(int(e) for e in eos)
+    if tokenizer is not None:
+        im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        if isinstance(im_end, int) and im_end != tokenizer.unk_token_id and im_end >= 0:
+            ids.add(im_end)
+    return ids
+
+
+def _chat_generate(backend: Any, conversations: Sequence[Messages], **kw: Any) -> list[GenerationOutput]:
+    prompts = [backend.apply_chat_template(c, add_generation_prompt=True, tokenize=True) for c in conversations]
+    return backend.generate(prompts, **kw)
+
+
+# ---------------------------------------------------------------------------- hf back end
+
+class HFBackend:
+    """transformers on CPU or CUDA, with our own batched sampling loop.
+
+    Why not `model.generate`: we need the raw-model log-prob of each sampled token *and* the
+    sampling-distribution one, stop strings that cut text but keep ids, and one RNG per call for
+    determinism; computing them in a 40-line loop with a KV cache is cheaper than asking generate
+    for full-vocabulary scores at every step.
+    """
+
+    kind = "hf"
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        *,
+        device: str = "auto",
+        dtype: str = "auto",
+        lora: LoraSettings | None = None,
+        max_batch_size: int = 64,
+    ) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.path = _check_model_folder(model_path)
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise BackendError(f"Device {device!r} was asked for but CUDA is not available here: use device 'cpu' or 'auto'.")
+        self.device = torch.device(device)
+        if dtype == "auto":
+            dtype = "bfloat16" if self.device.type == "cuda" else "float32"
+        if dtype not in ("float32", "bfloat16", "float16"):
+            raise BackendError(f"dtype {dtype!r} is not one of auto, float32, bfloat16, float16.")
+        self.dtype = getattr(torch, dtype)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(str(self.path))
+            kw = {"dtype": self.dtype} if "dtype" in inspect.signature(AutoModelForCausalLM.from_pretrained).parameters or _transformers_major() >= 5 else {"torch_dtype": self.dtype}
+            model = AutoModelForCausalLM.from_pretrained(str(self.path), **kw)
+        except (OSError, ValueError) as e:
+            raise BackendError(f"Could not load the model folder {str(self.path)!r} ({type(e).__name__}: {str(e).splitlines()[0]}); check that it holds a causal LM and its tokenizer.") from e
+        model.to(self.device)
+        self.lora = lora
+        if lora is not None:
+            from peft import LoraConfig, get_peft_model
+
+            model = get_peft_model(
+                model,
+                LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules), task_type="CAUSAL_LM"),
+            )
+        self.model = model
+        self.model.eval()  # no dropout: sampling and the learner's log-probs must see one function
+        self.max_batch_size = int(max_batch_size)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        if self.pad_id is None:
+            raise BackendError(f"The tokenizer in {str(self.path)!r} has neither a pad nor an EOS token; set one with tokenizer.pad_token.")
+        self.end_ids = _end_token_ids(self.tokenizer, getattr(self._base_model(), "generation_config", None))
+        fwd = inspect.signature(self._base_model().forward).parameters
+        self._cache_kw = "cache" if "cache" in fwd else "past_key_values"  # renamed in transformers 5
+        self._lock = threading.RLock()  # rollout threads and a learner may share one backend
+
+    # -- plumbing
+
+    def _base_model(self) -> Any:
+        return self.model.get_base_model() if self.lora is not None else self.model
+
+    def describe(self) -> str:
+        n = sum(p.numel() for p in self.model.parameters())
+        lora = f", LoRA r={self.lora.r}" if self.lora else ""
+        return f"hf (transformers) on {self.device} [{str(self.dtype).removeprefix('torch.')}], model {self.path} ({n / 1e6:.2f}M params{lora})"
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """The parameters an optimiser should update (only the adapters when LoRA is on)."""
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def apply_chat_template(self, messages: Messages, *, add_generation_prompt: bool = True, tokenize: bool = False) -> str | list[int]:
+        res = self.tokenizer.apply_chat_template([dict(m) for m in messages], add_generation_prompt=add_generation_prompt, tokenize=tokenize)
+        return _as_chat_template_output(res, tokenize)
+
+    def chat(self, conversations: Sequence[Messages], **generate_kwargs: Any) -> list[GenerationOutput]:
+        return _chat_generate(self, conversations, **generate_kwargs)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of a piece of text, without special tokens added (pieces are joined by the caller)."""
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    # -- sampling
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: Prompts,
+        *,
+        max_new_tokens: int = 64,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        stop: Sequence[str] | None = None,
+        seed: int | None = None,
+    ) -> list[GenerationOutput]:
+        """Sample one completion per prompt (strings are tokenised without special tokens).
+
+        temperature 0 is greedy. One RNG per call, seeded by `seed` (or drawn from torch's global RNG),
+        so a call is reproducible; prompts are sorted by length and run in batches of `max_batch_size`.
+        """
+        if max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be at least 1")
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        ids = [self.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
+        if any(len(p) == 0 for p in ids):
+            raise ValueError("every prompt needs at least one token")
+        max_pos = getattr(self._base_model().config, "max_position_embeddings", None)
+        longest = max((len(p) for p in ids), default=0)
+        if max_pos is not None and longest + max_new_tokens > max_pos:
+            raise ValueError(f"prompt of {longest} tokens + {max_new_tokens} new tokens exceeds the model's {max_pos} positions; shorten the prompt")
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (1,)).item())
+        gen = torch.Generator(device=self.device).manual_seed(int(seed))
+        stops = [s for s in (stop or []) if s]
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # similar lengths together: less padding
+        results: list[GenerationOutput | None] = [None] * len(ids)
+        with self._lock:
+            for start in range(0, len(order), self.max_batch_size):
+                chunk = order[start : start + self.max_batch_size]
+                outs = self._generate_batch([ids[i] for i in chunk], max_new_tokens, float(temperature), float(top_p), stops, gen)
+                for i, o in zip(chunk, outs):
+                    results[i] = o
+        return [r for r in results if r is not None]
+
+    def _forward(self, **kw: Any) -> tuple[Tensor, Any]:
+        cache = kw.pop("cache", None)
+        if cache is not None:
+            kw[self._cache_kw] = cache
+        out = self.model(use_cache=True, **kw)
+        new_cache = getattr(out, "cache", None)
+        if new_cache is None:
+            new_cache = getattr(out, "past_key_values", None)
+        return out.logits, new_cache
+
+    def _generate_batch(
+        self, prompts: list[list[int]], max_new: int, temperature: float, top_p: float, stops: list[str], gen: torch.Generator
+    ) -> list[GenerationOutput]:
+        b = len(prompts)
+        width = max(len(p) for p in prompts)
+        # Left padding so every row's next token sits in the last column. Positions come from the
+        # cumulative attention mask (FIELD-NOTES pitfall): a left-padded row must start at position 0,
+        # not at its pad count, or batched and single-prompt decoding disagree.
+        input_ids = torch.full((b, width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((b, width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            input_ids[i, width - len(p) :] = torch.as_tensor(p, dtype=torch.long)
+            attn[i, width - len(p) :] = 1
+        input_ids, attn = input_ids.to(self.device), attn.to(self.device)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)  # (B, W)
+        logits, cache = self._forward(input_ids=input_ids, attention_mask=attn, position_ids=pos, logits_to_keep=1)
+        next_pos = attn.sum(-1, keepdim=True)  # (B, 1): each row's next position = its real length
+
+        tokens: list[list[int]] = [[] for _ in range(b)]
+        raw_lps: list[list[float]] = [[] for _ in range(b)]
+        samp_lps: list[list[float]] = [[] for _ in range(b)]
+        reasons = ["length"] * b
+        done = [False] * b
+        stop_bytes = max((len(s.encode()) for s in stops), default=0)
+        for step in range(max_new):
+            last = logits[:, -1, :].float()  # (B, V)
+            raw = torch.log_softmax(last, dim=-1)  # (B, V): the raw model, what logprobs() recomputes
+            if temperature <= 0.0:
+                tok = last.argmax(dim=-1)  # (B,)
+                samp = torch.zeros(b, device=last.device)  # a point mass: log-prob 0
+            else:
+                scaled = last / temperature
+                if top_p < 1.0:
+                    scaled = _top_p_filter(scaled, top_p)
+                samp_all = torch.log_softmax(scaled, dim=-1)
+                tok = torch.multinomial(samp_all.exp(), 1, generator=gen).squeeze(-1)  # (B,)
+                samp = samp_all.gather(-1, tok[:, None]).squeeze(-1)
+            raw_tok = raw.gather(-1, tok[:, None]).squeeze(-1)
+            tok_l, raw_l, samp_l = tok.tolist(), raw_tok.tolist(), samp.tolist()
+            for i in range(b):
+                if done[i]:
+                    continue
+                tokens[i].append(tok_l[i])
+                raw_lps[i].append(raw_l[i])
+                samp_lps[i].append(samp_l[i])
+                if tok_l[i] in self.end_ids:
+                    done[i], reasons[i] = True, "eos"
+                elif stops:
+                    # A stop string of n bytes lies within the last n + 1 tokens when it first appears.
+                    tail = self.tokenizer.decode(tokens[i][-(stop_bytes + 1) :], skip_special_tokens=True)
+                    if any(s in tail for s in stops):
+                        done[i], reasons[i] = True, "stop"
+            if all(done) or step == max_new - 1:
+                break
+            feed = torch.where(torch.tensor(done, device=tok.device), torch.full_like(tok, self.pad_id), tok)
+            attn = torch.cat([attn, torch.ones((b, 1), dtype=attn.dtype, device=attn.device)], dim=1)
+            logits, cache = self._forward(input_ids=feed[:, None], attention_mask=attn, position_ids=next_pos, cache=cache)
+            next_pos = next_pos + 1
+
+        outs = []
+        for i in range(b):
+            text = self.tokenizer.decode(tokens[i], skip_special_tokens=True)
+            if reasons[i] == "stop":
+                text = text[: min(text.find(s) for s in stops if s in text)]
+            outs.append(GenerationOutput(list(prompts[i]), tokens[i], text, raw_lps[i], samp_lps[i], reasons[i]))
+        return outs
+
+    # -- scoring and training
+
+    def logprobs(
+        self,
+        sequences: Sequence[Sequence[int]],
+        *,
+        temperature: float = 1.0,
+        grad: bool = False,
+        batch_size: int | None = None,
+    ) -> Tensor:
+        """Per-token log-probs of given sequences: (N, T) float32, right-padded.
+
+        out[i, t] = log p(seq_i[t] | seq_i[:t]) for 1 <= t < len(seq_i); 0 at t = 0 and on padding.
+        Aligned with the token positions, so a loss mask (N, T) built over the same ids applies
+        directly. With grad=True the result carries the graph (the learner's forward); otherwise it
+        runs under no_grad in batches of `batch_size`.
+        """
+        if not sequences:
+            return torch.zeros((0, 0))
+        ids, attn = pad_right(sequences, self.pad_id)  # (N, T)
+        if grad:
+            return self._logprobs_batch(ids, attn, temperature)
+        bs = batch_size or self.max_batch_size
+        with torch.no_grad(), self._lock:
+            parts = [self._logprobs_batch(ids[s : s + bs], attn[s : s + bs], temperature) for s in range(0, ids.shape[0], bs)]
+        width = ids.shape[1]
+        return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts], dim=0)
+
+    def _logprobs_batch(self, ids: Tensor, attn: Tensor, temperature: float) -> Tensor:
+        width = int(attn.sum(-1).max().item())
+        ids, attn = ids[:, :width].to(self.device), attn[:, :width].to(self.device)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)  # right padding: 0..len-1, pads repeat the last
+        logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits  # (N, T, V)
+        logits = logits[:, :-1].float() / temperature  # (N, T-1, V) predicts tokens 1..T-1
+        tgt = ids[:, 1:]
+        lp = logits.gather(-1, tgt[..., None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # (N, T-1)
+        lp = lp * attn[:, 1:].to(lp.dtype)
+        return torch.nn.functional.pad(lp, (1, 0))  # (N, T): position 0 has no prediction
+
+    # -- weights
+
+    def _named_targets(self) -> dict[str, Tensor]:
+        """Parameters and persistent buffers under their plain HF names (peft prefixes stripped)."""
+        out: dict[str, Tensor] = {}
+        for n, t in self.model.state_dict(keep_vars=True).items():
+            if "lora_" in n:
+                continue
+            out[n.removeprefix("base_model.model.").replace(".base_layer.", ".")] = t
+        return out
+
+    def load_weights(self, weights: Mapping[str, Tensor] | str | os.PathLike) -> None:
+        """Copy full weights (HF names) into the model in place: a state dict, a model folder or a
+        .safetensors file. Every name must be known; names missing from `weights` must be tied ones."""
+        items = _read_weights(weights) if isinstance(weights, (str, os.PathLike)) else iter(weights.items())
+        targets = self._named_targets()
+        seen: set[str] = set()
+        with torch.no_grad(), self._lock:
+            for name, t in items:
+                if name not in targets:
+                    raise BackendError(f"Weight {name!r} does not belong to this model ({self.path}); were the weights saved from another architecture?")
+                dst = targets[name]
+                if dst.shape != t.shape:
+                    raise BackendError(f"Weight {name!r} has shape {tuple(t.shape)} but the model expects {tuple(dst.shape)}.")
+                dst.data.copy_(t.to(device=dst.device, dtype=dst.dtype))
+                seen.add(name)
+        tied = bool(getattr(self._base_model().config, "tie_word_embeddings", False))
+        missing = [n for n in targets if n not in seen and not (tied and n == "lm_head.weight") and "rotary_emb" not in n]
+        if missing:
+            raise BackendError(f"{len(missing)} weights were not provided (first: {missing[0]!r}); pass a complete state dict.")
+
+    sync_weights = load_weights
+
+    def state_dict_for_sync(self) -> dict[str, Tensor]:
+        """Full inference weights under plain HF names, LoRA merged in: what another engine loads."""
+        if self.lora is None:
+            return {n: p.detach() for n, p in self._named_targets().items()}
+        with self._lock:
+            self.model.merge_adapter()
+            try:
+                return {n: p.detach().clone() for n, p in self._named_targets().items()}
+            finally:
+                self.model.unmerge_adapter()
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write a complete HF folder (config, merged weights, tokenizer) that any back end can load."""
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        base = self._base_model()
+        if self.lora is None:
+            base.save_pretrained(str(out))
+        else:
+            base.config.save_pretrained(str(out))
+            base.generation_config.save_pretrained(str(out))
+            _write_weights(self.state_dict_for_sync(), out / "model.safetensors")
+        self.tokenizer.save_pretrained(str(out))
+        return out
+
+
+def _transformers_major() -> int:
+    import transformers
+
+    return int(transformers.__version__.split(".")[0])
+
+
+def _top_p_filter(logits: Tensor, top_p: float) -> Tensor:
+    """Nucleus filtering: keep the smallest set of tokens whose probability reaches top_p. (B, V) -> (B, V)."""
+    sorted_logits, idx = logits.sort(dim=-1, descending=True)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    before = probs.cumsum(-1) - probs  # mass of strictly more likely tokens; the top token always stays
+    sorted_logits = sorted_logits.masked_fill(before >= top_p, float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(-1, idx, sorted_logits)
+
+
+# ---------------------------------------------------------------------------- vllm back end
+
+class VLLMWeightSyncExtension:
+    """Mixed into vLLM's GPU workers (`worker_extension_cls`); its methods run inside each worker.
+
+    Since vLLM's V1 engine the workers live in other processes, so weights travel as a safetensors
+    file (in /dev/shm when it exists: RAM, no disk) and each worker loads them with the model's own
+    `load_weights`, which handles vLLM's fused QKV / gate-up layouts.
+    """
+
+    def comprl_load_weights(self, path: str) -> int:
+        model = self.model_runner.model  # type: ignore[attr-defined]
+        loaded = model.load_weights(weights=_read_weights(path))
+        return len(loaded) if loaded is not None else -1
+
+
+class VLLMBackend:
+    """vLLM's offline engine for rollouts on a GPU; weights synced after each learner update."""
+
+    kind = "vllm"
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        *,
+        dtype: str = "bfloat16",
+        gpu_memory_utilization: float = 0.45,
+        max_model_len: int | None = None,
+        seed: int = 0,
+        enforce_eager: bool = False,
+        **engine_kwargs: Any,
+    ) -> None:
+        if not vllm_available():
+            raise BackendError(f"The vllm back end needs vLLM, which is not installed: {GPU_EXTRA_HINT} (or use backend 'hf').")
+        from vllm import LLM
+
+        self.path = _check_model_folder(model_path)
+        self.llm = LLM(
+            model=str(self.path),
+            dtype=dtype,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+            seed=seed,
+            enforce_eager=enforce_eager,
+            enable_prefix_caching=True,
+            worker_extension_cls=f"{__name__}.VLLMWeightSyncExtension",
+            **engine_kwargs,
+        )
+        self.tokenizer = self.llm.get_tokenizer()
+        from transformers import GenerationConfig
+
+        try:
+            gen_cfg = GenerationConfig.from_pretrained(str(self.path))
+        except OSError:
+            gen_cfg = None
+        self.end_ids = sorted(_end_token_ids(self.tokenizer, gen_cfg))
+        self.dtype = dtype
+        self._weights_dir = Path(tempfile.mkdtemp(prefix="comprl-vllm-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+
+    def describe(self) -> str:
+        return f"vllm on cuda [{self.dtype}], model {self.path}"
+
+    def apply_chat_template(self, messages: Messages, *, add_generation_prompt: bool = True, tokenize: bool = False) -> str | list[int]:
+        res = self.tokenizer.apply_chat_template([dict(m) for m in messages], add_generation_prompt=add_generation_prompt, tokenize=tokenize)
+        return _as_chat_template_output(res, tokenize)
+
+    def chat(self, conversations: Sequence[Messages], **generate_kwargs: Any) -> list[GenerationOutput]:
+        return _chat_generate(self, conversations, **generate_kwargs)
+
+    def _inputs(self, prompts: Prompts) -> list[Any]:
+        from vllm.inputs import TokensPrompt
+
+        return [p if isinstance(p, str) else TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts]
+
+    def generate(
+        self,
+        prompts: Prompts,
+        *,
+        max_new_tokens: int = 64,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        stop: Sequence[str] | None = None,
+        seed: int | None = None,
+    ) -> list[GenerationOutput]:
+        from vllm import SamplingParams
+
+        # One SamplingParams per prompt: with one shared seed, the K copies of a task's prompt in a
+        # GRPO group would all sample the same completion.
+        params = [
+            SamplingParams(
+                n=1,
+                temperature=temperature,
+                top_p=top_p,
+                max_tokens=max_new_tokens,
+                stop=list(stop) if stop else None,
+                stop_token_ids=self.end_ids,
+                seed=None if seed is None else int(seed) + i,
+                logprobs=1,  # the sampled token's log-prob is always among those returned
+                skip_special_tokens=True,
+            )
+            for i in range(len(prompts))
+        ]
+        outs = self.llm.generate(self._inputs(prompts), params, use_tqdm=False)
+        results = []
+        for o in outs:
+            c = o.outputs[0]
+            ids = [int(t) for t in c.token_ids]
+            lps = [float(d[t].logprob) for t, d in zip(ids, c.logprobs or [])]
+            if c.finish_reason == "length":
+                reason = "length"
+            else:
+                reason = "stop" if isinstance(c.stop_reason, str) else "eos"
+            results.append(GenerationOutput(list(o.prompt_token_ids or []), ids, c.text, lps, [], reason))
+        return results
+
+    def logprobs(self, sequences: Sequence[Sequence[int]], *, temperature: float = 1.0) -> Tensor:
+        """(N, T) prompt log-probs from vLLM (raw model); same layout as HFBackend.logprobs."""
+        if temperature != 1.0:
+            raise BackendError("The vllm back end scores sequences at temperature 1 only; use the hf back end for tempered log-probs.")
+        from vllm import SamplingParams
+
+        if not sequences:
+            return torch.zeros((0, 0))
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
+        outs = self.llm.generate(self._inputs(sequences), params, use_tqdm=False)
+        width = max(len(s) for s in sequences)
+        res = torch.zeros((len(sequences), width))
+        for i, (seq, o) in enumerate(zip(sequences, outs)):
+            for t, d in enumerate(o.prompt_logprobs or []):
+                if t > 0 and d is not None:
+                    res[i, t] = float(d[int(seq[t])].logprob)
+        return res
+
+    def load_weights(self, weights: Mapping[str, Tensor] | str | os.PathLike) -> None:
+        """Load new weights into the running engine (every worker), then drop prefix-cached KV blocks,
+        which were computed under the old weights."""
+        if isinstance(weights, (str, os.PathLike)):
+            path = str(weights)
+        else:
+            path = str(self._weights_dir / "sync.safetensors")
+            _write_weights(weights, Path(path))
+        self.llm.collective_rpc("comprl_load_weights", args=(path,))
+        self.llm.reset_prefix_cache()
+
+    sync_weights = load_weights
+
+
+# ---------------------------------------------------------------------------- openai back end
+
+class OpenAIBackend:
+    """Any OpenAI-compatible HTTP endpoint (completions and chat), for inference only."""
+
+    kind = "openai"
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = 60.0,
+        max_retries: int = 3,
+        backoff_s: float = 0.5,
+        tokenizer_path: str | os.PathLike | None = None,
+        token_ids_from_server: bool = False,
+        concurrency: int = 8,
+    ) -> None:
+        import requests
+
+        self._requests = requests
+        self.base_url = base_url.rstrip("/")
+        if not self.base_url.endswith("/v1"):
+            self.base_url += "/v1"
+        self.model = model
+        self.timeout = float(timeout)
+        self.max_retries = int(max_retries)
+        self.backoff_s = float(backoff_s)
+        # vLLM's server can name tokens "token_id:N" (return_tokens_as_token_ids); other servers reject it.
+        self.token_ids_from_server = token_ids_from_server
+        self.concurrency = max(1, int(concurrency))
+        self.session = requests.Session()
+        key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY", "")
+        if key:
+            self.session.headers["Authorization"] = f"Bearer {key}"
+        self.tokenizer = None
+        if tokenizer_path is not None:
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(str(_check_model_folder(tokenizer_path)))
+
+    def describe(self) -> str:
+        return f"openai-compatible endpoint {self.base_url}, model {self.model}"
+
+    def _post(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST with a timeout; retries connection errors, timeouts, 429 and 5xx with exponential backoff."""
+        url = f"{self.base_url}/{route}"
+        last = ""
+        for attempt in range(self.max_retries + 1):
+            try:
+                r = self.session.post(url, json=body, timeout=self.timeout)
+            except (self._requests.ConnectionError, self._requests.Timeout) as e:
+                last = f"{type(e).__name__}: {e}"
+            else:
+                if r.status_code == 200:
+                    return r.json()
+                last = f"HTTP {r.status_code}: {r.text[:300]}"
+                if r.status_code != 429 and r.status_code < 500:
+                    raise BackendError(f"The endpoint {url} refused the request ({last}); check the model name and parameters.")
+            if attempt < self.max_retries:
+                time.sleep(self.backoff_s * 2**attempt)
+        raise BackendError(f"The endpoint {url} did not answer after {self.max_retries + 1} tries ({last}); check that the server is up.")
+
+    def _token_ids(self, tokens: Sequence[str], text: str) -> list[int]:
+        if tokens and all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
+            return [int(t.split(":", 1)[1]) for t in tokens]
+        if self.tokenizer is not None:
+            # Re-tokenised text: may differ from the sampled ids at merge boundaries; inference only.
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return []
+
+    def generate(
+        self,
+        prompts: Prompts,
+        *,
+        max_new_tokens: int = 64,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        stop: Sequence[str] | None = None,
+        seed: int | None = None,
+    ) -> list[GenerationOutput]:
+        prompt_list = [p if isinstance(p, str) else [int(t) for t in p] for p in prompts]
+        if not prompt_list:
+            return []
+        body: dict[str, Any] = {
+            "model": self.model,
+            "prompt": prompt_list,
+            "max_tokens": max_new_tokens,
+            "temperature": temperature,
+            "top_p": top_p,
+            "logprobs": 1,
+        }
+        if stop:
+            body["stop"] = list(stop)
+        if seed is not None:
+            body["seed"] = int(seed)
+        if self.token_ids_from_server:
+            body["return_tokens_as_token_ids"] = True
+        data = self._post("completions", body)
+        choices = sorted(data.get("choices", []), key=lambda c: c.get("index", 0))
+        if len(choices) != len(prompt_list):
+            raise BackendError(f"The endpoint returned {len(choices)} completions for {len(prompt_list)} prompts.")
+        out = []
+        for p, c in zip(prompt_list, choices):
+            lp = c.get("logprobs") or {}
+            text = c.get("text", "")
+            pids = p if isinstance(p, list) else (self.tokenizer(p, add_special_tokens=False)["input_ids"] if self.tokenizer is not None else [])
+            reason = "length" if c.get("finish_reason") == "length" else "stop"
+            out.append(GenerationOutput(list(pids), self._token_ids(lp.get("tokens") or [], text), text,
+                                        [float(x) for x in (lp.get("token_logprobs") or [])], [], reason))
+        return out
+
+    def chat(
+        self,
+        conversations: Sequence[Messages],
+        *,
+        max_new_tokens: int = 64,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        stop: Sequence[str] | None = None,
+        seed: int | None = None,
+    ) -> list[GenerationOutput]:
+        """One /chat/completions request per conversation, `concurrency` at a time."""
+
+        def one(i: int) -> GenerationOutput:
+            body: dict[str, Any] = {
+                "model": self.model,
+                "messages": [dict(m) for m in conversations[i]],
+                "max_tokens": max_new_tokens,
+                "temperature": temperature,
+                "top_p": top_p,
+                "logprobs": True,
+            }
+            if stop:
+                body["stop"] = list(stop)
+            if seed is not None:
+                body["seed"] = int(seed) + i
+            data = self._post("chat/completions", body)
+            c = data["choices"][0]
+            text = c["message"].get("content") or ""
+            content = (c.get("logprobs") or {}).get("content") or []
+            lps = [float(t["logprob"]) for t in content]
+            reason = "length" if c.get("finish_reason") == "length" else "stop"
+            return GenerationOutput([], self._token_ids([t.get("token", "") for t in content], text), text, lps, [], reason)
+
+        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+            return list(pool.map(one, range(len(conversations))))
+
+    def apply_chat_template(self, messages: Messages, *, add_generation_prompt: bool = True, tokenize: bool = False) -> str | list[int]:
+        if self.tokenizer is None:
+            raise BackendError("The openai back end has no local tokenizer: pass tokenizer_path, or send conversations with chat().")
+        res = self.tokenizer.apply_chat_template([dict(m) for m in messages], add_generation_prompt=add_generation_prompt, tokenize=tokenize)
+        return _as_chat_template_output(res, tokenize)
+
+    def logprobs(self, sequences: Sequence[Sequence[int]], *, temperature: float = 1.0) -> Tensor:
+        raise BackendError("The openai back end serves inference only and cannot score sequences for training; use the hf or vllm back end.")
+
+    def load_weights(self, weights: Mapping[str, Tensor] | str | os.PathLike) -> None:
+        raise BackendError("The openai back end cannot receive weights (the server owns them); use the hf or vllm back end for a trained model.")
+
+    sync_weights = load_weights
+
+
+# ---------------------------------------------------------------------------- choosing a back end
+
+def load_backend(
+    kind: str = "auto",
+    model_path: str | os.PathLike | None = None,
+    *,
+    device: str = "auto",
+    dtype: str = "auto",
+    lora: LoraSettings | None = None,
+    base_url: str | None = None,
+    api_key: str | None = None,
+    quiet: bool = False,
+    **kwargs: Any,
+) -> ModelBackend:
+    """Build a back end: "auto" picks vllm when it is importable and CUDA is present, else hf.
+
+    kind "openai" needs `base_url`; `model_path` is then the served model's name (and, when it is a
+    local folder, its tokenizer). Extra keyword arguments go to the back end's constructor.
+    Prints which back end and device it uses (unless quiet), so a run's log says so.
+    """
+    if kind not in ("auto", "hf", "vllm", "openai"):
+        raise BackendError(f"Unknown model back end {kind!r}: choose auto, hf, vllm or openai.")
+    if kind == "openai":
+        if not base_url:
+            raise BackendError("The openai back end needs base_url (e.g. http://127.0.0.1:8000/v1).")
+        if model_path is None:
+            raise BackendError("The openai back end needs the served model's name as model_path.")
+        tok = model_path if Path(str(model_path)).joinpath("config.json").is_file() else None
+        backend: ModelBackend = OpenAIBackend(base_url, str(model_path), api_key=api_key, tokenizer_path=tok, **kwargs)
+    else:
+        if model_path is None:
+            raise BackendError(f"The {kind} back end needs model_path, a Hugging Face model folder.")
+        if kind == "auto":
+            kind = "vllm" if vllm_available() and torch.cuda.is_available() and lora is None else "hf"
+        if kind == "vllm":
+            if lora is not None:
+                raise BackendError("The vllm back end here loads merged weights; set lora only on the hf (learner) back end.")
+            backend = VLLMBackend(model_path, **({"dtype": dtype} if dtype != "auto" else {}), **kwargs)
+        else:
+            backend = HFBackend(model_path, device=device, dtype=dtype, lora=lora, **kwargs)
+    if not quiet:
+        print(f"[comprl] model back end: {backend.describe()}", flush=True)
+    return backend
+
+
+# ---------------------------------------------------------------------------- tiny default models
+
+def build_tokenizer(texts: Iterable[str], vocab_size: int = 2048, *, min_frequency: int = 2, model_max_length: int = 4096) -> Any:
+    """A byte-level BPE tokenizer trained on `texts`, with ChatML special tokens and template.
+
+    Special tokens: <|endoftext|>, <|im_start|>, <|im_end|> (the EOS: it ends every assistant
+    turn) and <|pad|> (a pad distinct from EOS, so masks never confuse the two). Byte-level means
+    any text encodes, including characters never seen in training.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|pad|>",
+        model_max_length=model_max_length,
+    )
+    fast.chat_template = CHATML_TEMPLATE
+    return fast
+
+
+def build_tiny_qwen2(
+    tokenizer: Any,
+    hidden: int = 256,
+    layers: int = 4,
+    heads: int = 4,
+    kv_heads: int = 2,
+    mlp: int | None = None,
+    max_pos: int = 4096,
+    *,
+    seed: int = 0,
+) -> Any:
+    """A randomly initialised Qwen2 causal LM sized to `tokenizer`, tied embeddings (a few M params).
+
+    `mlp` defaults to 4 × hidden. Initialisation uses its own RNG seeded by `seed` (the global RNG
+    is left alone), so the same arguments give the same model.
+    """
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    if hidden % heads or heads % kv_heads:
+        raise ValueError(f"hidden ({hidden}) must divide by heads ({heads}) and heads by kv_heads ({kv_heads})")
+    end_ids = sorted(_end_token_ids(tokenizer))
+    cfg = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=mlp or 4 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=max_pos,
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(cfg)
+    model.generation_config.eos_token_id = end_ids
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def save_model_folder(model: Any, tokenizer: Any, path: str | os.PathLike) -> Path:
+    """save_pretrained both into one folder: what `load_backend("hf", path)` reads."""
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    (out / "comprl_model.json").write_text(json.dumps({"built_by": "comprl", "params": sum(p.numel() for p in model.parameters())}))
+    return out
