@@ -105,6 +105,10 @@ _FALLBACK_LEGEND = {
 }
 
 
+# Object classes worth pointing out (tools, weapons, armour, food, scrolls, potions, wands, rings...).
+_ITEM_CODES = [ord(ch) for ch in "()[%?!/=\"*$"]
+
+
 def _decode(arr: np.ndarray) -> str:
     return bytes(arr).split(b"\0", 1)[0].decode("latin-1")
 
@@ -151,6 +155,7 @@ class MiniHackEnv:
         self._rng = random.Random()
         self._obs: dict[str, np.ndarray] = {}
         self._memory = np.full((ROWS, COLS), BLANK, dtype=np.uint8)
+        self._grid = self._memory.copy()  # memory with monsters and '@' drawn in: what the map shows
         self._turns = 0
         self._done = True
         # Structured view for the scripted expert.
@@ -310,6 +315,7 @@ class MiniHackEnv:
         for r, c in self.monsters:
             grid[r, c] = chars[r, c]
         grid[row, col] = ord("@")
+        self._grid = grid
         self.grid = [bytes(line).decode("latin-1") for line in grid]
         self.has_key = any("key" in _decode(line) for line in obs["inv_strs"])
 
@@ -336,8 +342,7 @@ class MiniHackEnv:
         return _decode(self._obs["screen_descriptions"][r, c])
 
     def _render(self) -> str:
-        rows = np.array([list(map(ord, line)) for line in self.grid], dtype=np.uint8)
-        nz = np.argwhere(rows != BLANK)
+        nz = np.argwhere(self._grid != BLANK)
         (r0, c0), (r1, c1) = nz.min(0), nz.max(0)
         lines = [self.grid[r][c0:c1 + 1].rstrip() for r in range(r0, r1 + 1)]
         parts = []
@@ -345,7 +350,7 @@ class MiniHackEnv:
         if msg:
             parts.append(f"Message: {msg}")
         parts.append("Map:\n" + "\n".join(lines))
-        parts.append("Legend: " + "; ".join(f"{ch} {what}" for ch, what in self._legend(r0, r1, c0, c1)))
+        parts.append("Legend: " + "; ".join(f"{ch} {what}" for ch, what in self._legend()))
         hp, hp_max = int(self._obs["blstats"][10]), int(self._obs["blstats"][11])
         status = f"HP {hp}/{hp_max}. Turn {self._turns} of {self.max_turns}."
         if self.has_key:
@@ -355,23 +360,25 @@ class MiniHackEnv:
             parts.append(self._describe_surroundings())
         return "\n".join(parts)
 
-    def _legend(self, r0: int, r1: int, c0: int, c1: int) -> list[tuple[str, str]]:
-        names: dict[str, set[str]] = {}
-        for r in range(r0, r1 + 1):
-            for c in range(c0, c1 + 1):
-                ch = self.grid[r][c]
-                if ch == " " or (r, c) == self.agent_pos:
-                    continue
-                live = self._description_at(r, c) if chr(self._obs["chars"][r, c]) == ch else ""
-                names.setdefault(ch, set())
-                if live and live not in ("dark part of a room",):
-                    names[ch].add(live)
+    def _live_names(self, code: int, limit: int = 4) -> list[str]:
+        """Screen descriptions of up to `limit` cells currently showing character `code`."""
+        shown = np.argwhere((self._grid == code) & (self._obs["chars"] == code))
+        names = {self._description_at(int(r), int(c)) for r, c in shown[:limit] if (r, c) != self.agent_pos}
+        return sorted(n for n in names if n and n != "dark part of a room")
+
+    def _legend(self) -> list[tuple[str, str]]:
         out = [("@", "you")]
-        for ch in sorted(names):
-            what = " or ".join(sorted(names[ch])[:2]) or _FALLBACK_LEGEND.get(ch, "something")
+        for code in np.unique(self._grid):
+            ch = chr(code)
+            if ch == " ":
+                continue
             if ch == ">":
-                what = "staircase down (the goal)"
-            out.append((ch, what))
+                out.append((ch, "staircase down (the goal)"))
+                continue
+            live = self._live_names(int(code))
+            if ch == "@" and not live:
+                continue  # the agent itself, already listed as "you"
+            out.append((ch, " or ".join(live[:2]) or _FALLBACK_LEGEND.get(ch, "something")))
         return out
 
     def _describe_surroundings(self) -> str:
@@ -385,20 +392,19 @@ class MiniHackEnv:
             if d and d not in ("floor of a room", "dark part of a room", "stone"):
                 adjacent.append(f"{word}: {d}")
         text = "Next to you: " + ("; ".join(adjacent) if adjacent else "nothing but floor") + "."
-        goals = [(r, c) for r, line in enumerate(self.grid) for c, ch in enumerate(line) if ch == ">"]
-        if goals:
-            r, c = goals[0]
+        goals = np.argwhere(self._grid == ord(">"))
+        if len(goals):
+            r, c = (int(v) for v in goals[0])
             text += f" The staircase down (>) is {_relative(r - ar, c - ac)} of you."
         else:
             text += " You have not seen the staircase down (>) yet."
-        sights = []
-        for r, c in sorted(self.monsters):
-            sights.append(f"{self._description_at(r, c) or 'a monster'} {_relative(r - ar, c - ac)}")
-        for r, line in enumerate(self.grid):
-            for c, ch in enumerate(line):
-                if ch in "()[%?!/=\"*$" and (r, c) != self.agent_pos:
-                    what = self._description_at(r, c) if chr(self._obs["chars"][r, c]) == ch else ""
-                    sights.append(f"{what or _FALLBACK_LEGEND.get(ch, 'an item')} {_relative(r - ar, c - ac)}")
+        sights = [f"{self._description_at(r, c) or 'a monster'} {_relative(r - ar, c - ac)}"
+                  for r, c in sorted(self.monsters)]
+        for r, c in np.argwhere(np.isin(self._grid, _ITEM_CODES)):
+            r, c = int(r), int(c)
+            ch = chr(self._grid[r, c])
+            what = self._description_at(r, c) if self._obs["chars"][r, c] == self._grid[r, c] else ""
+            sights.append(f"{what or _FALLBACK_LEGEND.get(ch, 'an item')} {_relative(r - ar, c - ac)}")
         if sights:
             text += " You see: " + "; ".join(sights[:6]) + "."
         return text
