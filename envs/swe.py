@@ -1,0 +1,743 @@
+"""Software-engineering tasks as text envs: fix a bug in a small repository by tool calls.
+
+- `swe/local` (`make_swe_local`): built-in tasks under `assets/swe_tasks/<task_id>/`: `repo/` (the
+  snapshot the agent works on), `issue.md` (the task text), `tests/` (held-out tests the agent never
+  sees; they fail until the bug is fixed) and `fix/` (the reference fix as whole fixed files at their
+  repo paths). Every episode works in a fresh temporary copy of `repo/`; at `submit` the held-out
+  tests are copied into a second copy of the agent's tree and run there: reward 1 when they pass.
+- `swe/bench` (`make_swe_bench`): SWE-bench instances from a local JSON/JSONL file, edited in a local
+  git checkout and judged by the official `swebench` harness, which needs a Docker engine.
+
+Sandbox (what running a command guarantees): each test or script run is a subprocess in its own
+process group with a wall-clock timeout (the whole group is killed), an address-space cap
+(RLIMIT_AS), a file-size cap (RLIMIT_FSIZE), a scrubbed environment (no proxies, HOME in the
+episode's temp dir) and, where `unshare -rn` works, an empty network namespace (no interface but a
+down loopback); where it does not, a `sitecustomize` socket guard refuses internet connections from
+Python. File commands cannot leave the working copy; a *script* could still read other files of
+this machine (there is no filesystem jail), so the held-out tests are hidden, not secret.
+"""
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+import os
+import random
+import re
+import resource
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import uuid
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from envs.base import EnvError
+
+TASKS_DIR = Path(__file__).resolve().parent.parent / "assets" / "swe_tasks"
+MAX_OUTPUT_CHARS = 4000  # an observation longer than this is cut, keeping both ends
+HIDDEN_NAMES = {"__pycache__", ".pytest_cache", ".git"}
+
+ACTION_FORMAT = (
+    "One command per action; the first line is the command, later lines are its text. "
+    "`ls [path]` lists files; `cat <path> [start] [end]` shows numbered lines; "
+    "`grep <pattern> [path]` searches with a Python regex (quote patterns with spaces); "
+    "`replace <path> <start> <end>` followed by new lines replaces lines start..end "
+    "(no new lines deletes them; end = start-1 inserts before start); "
+    "`edit <path>` followed by `<<<`, the exact old text, `===`, the new text, `>>>` replaces that "
+    "text once; `write <path>` followed by the whole file creates or overwrites it; "
+    "`python <path> [args]` runs a script; `run_tests` runs the repository's own tests; "
+    "`submit` ends the episode and scores your change with hidden tests."
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sandboxed subprocesses
+# ---------------------------------------------------------------------------------------------
+
+_SOCKET_GUARD = '''
+# Written by envs/swe.py: refuse network connections from sandboxed Python (loopback and Unix sockets still work).
+import socket as _socket
+
+_orig_connect = _socket.socket.connect
+_orig_connect_ex = _socket.socket.connect_ex
+
+
+def _allowed(sock, address):
+    if sock.family == getattr(_socket, "AF_UNIX", None):
+        return True
+    host = address[0] if isinstance(address, tuple) else address
+    return host in ("127.0.0.1", "::1", "localhost")
+
+
+def _connect(self, address):
+    if not _allowed(self, address):
+        raise OSError("network access is disabled in this sandbox")
+    return _orig_connect(self, address)
+
+
+def _connect_ex(self, address):
+    if not _allowed(self, address):
+        raise OSError("network access is disabled in this sandbox")
+    return _orig_connect_ex(self, address)
+
+
+_socket.socket.connect = _connect
+_socket.socket.connect_ex = _connect_ex
+'''
+
+
+@functools.lru_cache(maxsize=1)
+def _unshare_works() -> bool:
+    """Whether an unprivileged user+network namespace can be made here (many containers forbid it)."""
+    exe = shutil.which("unshare")
+    if not exe:
+        return False
+    try:
+        return subprocess.run([exe, "-rn", "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+@dataclass
+class RunResult:
+    returncode: int
+    output: str
+    timed_out: bool
+
+
+class Sandbox:
+    """Runs argv in a directory under a timeout, memory cap and without network (see module doc)."""
+
+    def __init__(self, timeout_s: float = 20.0, memory_mb: int = 1024, file_mb: int = 64):
+        self.timeout_s = timeout_s
+        self.memory_mb = memory_mb
+        self.file_mb = file_mb
+        self.network_isolation = "unshare" if _unshare_works() else "socket-guard"
+        self._guard_dir = Path(tempfile.mkdtemp(prefix="swe_guard_"))
+        (self._guard_dir / "sitecustomize.py").write_text(_SOCKET_GUARD)
+        # Removed when the sandbox is closed or garbage-collected, whichever comes first.
+        self._finalizer = weakref.finalize(self, shutil.rmtree, str(self._guard_dir), True)
+
+    def _limits(self) -> None:
+        # Runs in the child between fork and exec: caps apply to it and everything it starts.
+        mem = self.memory_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+        fsize = self.file_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+    def env(self, home: Path) -> dict[str, str]:
+        return {
+            "PATH": os.path.dirname(sys.executable) + os.pathsep + "/usr/bin:/bin",
+            "HOME": str(home),
+            "LANG": "C.UTF-8",
+            "PYTHONPATH": str(self._guard_dir),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONHASHSEED": "0",
+            # Plugins installed in the venv (browsers, timeouts, ...) are not the task's and cost start-up time.
+            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+            "NO_PROXY": "*",
+        }
+
+    def run(self, argv: list[str], cwd: Path, timeout_s: float | None = None) -> RunResult:
+        if self.network_isolation == "unshare":
+            argv = ["unshare", "-rn", *argv]
+        timeout = timeout_s or self.timeout_s
+        proc = subprocess.Popen(argv, cwd=cwd, env=self.env(cwd.parent), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=self._limits,
+                                start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+            return RunResult(proc.returncode, out.decode("utf-8", "replace"), False)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the whole group: a script's children die too
+            out, _ = proc.communicate()
+            return RunResult(-9, out.decode("utf-8", "replace"), True)
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+def _clip(text: str, limit: int = MAX_OUTPUT_CHARS) -> str:
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n... [{len(text) - limit} characters cut] ...\n{text[-half:]}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Tool commands over a working copy
+# ---------------------------------------------------------------------------------------------
+
+class CommandError(ValueError):
+    """A command the env cannot carry out; its message is the agent's feedback."""
+
+
+class Workspace:
+    """A working copy and the file/grep/edit commands on it. Paths are relative and cannot escape it."""
+
+    def __init__(self, root: Path):
+        self.root = root.resolve()
+
+    def path(self, rel: str) -> Path:
+        if not rel:
+            raise CommandError("a path is needed")
+        p = (self.root / rel).resolve()
+        if p != self.root and not p.is_relative_to(self.root):
+            raise CommandError(f"{rel!r} is outside the repository")
+        return p
+
+    def rel(self, p: Path) -> str:
+        return p.relative_to(self.root).as_posix()
+
+    def files(self, under: Path | None = None) -> list[Path]:
+        base = under or self.root
+        out = []
+        for dirpath, dirnames, filenames in os.walk(base):
+            dirnames[:] = sorted(d for d in dirnames if d not in HIDDEN_NAMES)
+            out += [Path(dirpath) / f for f in sorted(filenames) if not f.endswith(".pyc")]
+        return out
+
+    def ls(self, rel: str = ".") -> str:
+        p = self.path(rel or ".")
+        if p.is_file():
+            return self.rel(p)
+        if not p.is_dir():
+            raise CommandError(f"no such file or directory: {rel}")
+        return "\n".join(self.rel(f) for f in self.files(p)) or "(empty)"
+
+    def read_lines(self, rel: str) -> list[str]:
+        p = self.path(rel)
+        if not p.is_file():
+            raise CommandError(f"no such file: {rel}")
+        try:
+            return p.read_text(encoding="utf-8").splitlines(keepends=True)
+        except UnicodeDecodeError as e:
+            raise CommandError(f"{rel} is not a UTF-8 text file") from e
+
+    def cat(self, rel: str, start: int | None = None, end: int | None = None) -> str:
+        lines = self.read_lines(rel)
+        lo = max(1, start or 1)
+        hi = min(len(lines), end or len(lines))
+        if not lines:
+            return f"{rel} is empty"
+        if lo > hi:
+            raise CommandError(f"{rel} has {len(lines)} lines; {start}..{end} is empty")
+        return "\n".join(f"{i:4d}| {lines[i - 1].rstrip(chr(10))}" for i in range(lo, hi + 1))
+
+    def grep(self, pattern: str, rel: str = ".") -> str:
+        try:
+            rx = re.compile(pattern)
+        except re.error as e:
+            raise CommandError(f"bad regex {pattern!r}: {e}") from e
+        base = self.path(rel or ".")
+        hits = []
+        for f in ([base] if base.is_file() else self.files(base)):
+            try:
+                text = f.read_text(encoding="utf-8")
+            except (UnicodeDecodeError, OSError):
+                continue
+            for n, line in enumerate(text.splitlines(), 1):
+                if rx.search(line):
+                    hits.append(f"{self.rel(f)}:{n}: {line}")
+        if not hits:
+            return f"no match for {pattern!r}"
+        more = f"\n... {len(hits) - 50} more matches" if len(hits) > 50 else ""
+        return "\n".join(hits[:50]) + more
+
+    def write(self, rel: str, text: str) -> str:
+        p = self.path(rel)
+        if p.is_dir():
+            raise CommandError(f"{rel} is a directory")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text, encoding="utf-8")
+        return f"wrote {rel} ({len(text.splitlines())} lines)"
+
+    def replace_lines(self, rel: str, start: int, end: int, new_text: str) -> str:
+        lines = self.read_lines(rel)
+        if start < 1 or start > len(lines) + 1 or end < start - 1 or end > len(lines):
+            raise CommandError(f"{rel} has {len(lines)} lines; cannot replace {start}..{end}")
+        new = new_text.splitlines(keepends=True)
+        if new and not new[-1].endswith("\n"):
+            new[-1] += "\n"
+        lines[start - 1:end] = new
+        self.path(rel).write_text("".join(lines), encoding="utf-8")
+        shown_end = max(start, start + len(new) - 1)
+        return f"replaced lines {start}..{end} of {rel}; now:\n" + self._around(rel, start, shown_end)
+
+    def str_replace(self, rel: str, old: str, new: str) -> str:
+        text = "".join(self.read_lines(rel))
+        count = text.count(old) if old else 0
+        if count != 1:
+            raise CommandError(f"the old text occurs {count} times in {rel}; it must occur exactly once")
+        at = text[:text.index(old)].count("\n") + 1
+        self.path(rel).write_text(text.replace(old, new, 1), encoding="utf-8")
+        return f"edited {rel}; now:\n" + self._around(rel, at, at + max(0, new.count("\n")))
+
+    def _around(self, rel: str, lo: int, hi: int) -> str:
+        n = len(self.read_lines(rel))
+        if n == 0:
+            return f"{rel} is empty"
+        return self.cat(rel, max(1, min(lo, n) - 2), min(n, hi + 2))
+
+
+def _parse_edit_body(body: str) -> tuple[str, str]:
+    """`<<<` old `===` new `>>>` -> (old, new); each part keeps its own line breaks."""
+    m = re.fullmatch(r"\s*<<<\n(.*?)\n?===\n(.*?)\n?>>>\s*", body, re.DOTALL)
+    if not m:
+        raise CommandError("edit needs the lines `<<<`, the old text, `===`, the new text, `>>>`")
+    old, new = m.group(1), m.group(2)
+    # Whole lines are replaced, so both sides end in a newline unless one side is empty.
+    return (old + "\n" if old else old), (new + "\n" if new else new)
+
+
+# ---------------------------------------------------------------------------------------------
+# Built-in tasks
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SweTask:
+    task_id: str
+    root: Path
+
+    @property
+    def issue(self) -> str:
+        return (self.root / "issue.md").read_text(encoding="utf-8").strip()
+
+    @property
+    def repo_dir(self) -> Path:
+        return self.root / "repo"
+
+    @property
+    def tests_dir(self) -> Path:
+        return self.root / "tests"
+
+    @property
+    def fix_dir(self) -> Path:
+        return self.root / "fix"
+
+
+def load_local_tasks(tasks_dir: str | Path | None = None) -> list[SweTask]:
+    """Tasks sorted by id; a folder missing one of repo/, tests/, fix/, issue.md is an error."""
+    base = Path(tasks_dir) if tasks_dir else TASKS_DIR
+    if not base.is_dir():
+        raise EnvError(f"no SWE task folder at {base}")
+    tasks = []
+    for d in sorted(p for p in base.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
+        missing = [n for n in ("repo", "tests", "fix", "issue.md") if not (d / n).exists()]
+        if missing:
+            raise EnvError(f"SWE task {d.name} lacks {', '.join(missing)} (expected repo/, tests/, fix/, issue.md)")
+        tasks.append(SweTask(d.name, d))
+    if not tasks:
+        raise EnvError(f"no SWE tasks in {base}")
+    return tasks
+
+
+def _copy_tree(src: Path, dst: Path) -> None:
+    shutil.copytree(src, dst, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*HIDDEN_NAMES, "*.pyc"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Task sources: where an episode's code comes from and how a submission is judged. One env class
+# drives both (composition; DESIGN.md habit 8).
+# ---------------------------------------------------------------------------------------------
+
+_PYTEST = ["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--color=no"]
+
+
+class LocalTasks:
+    """Built-in tasks: copy `repo/`, judge with the held-out `tests/`."""
+
+    offers_run_tests = True
+
+    def __init__(self, tasks_dir: str | Path | None = None, task_ids: list[str] | None = None):
+        tasks = load_local_tasks(tasks_dir)
+        if task_ids:
+            known = {t.task_id: t for t in tasks}
+            unknown = [t for t in task_ids if t not in known]
+            if unknown:
+                raise EnvError(f"unknown SWE task ids {unknown}; known: {', '.join(known)}")
+            tasks = [known[t] for t in task_ids]
+        self.tasks = tasks
+        self.current: SweTask | None = None
+
+    def prepare(self, seed: int, options: dict[str, Any], work: Path) -> tuple[str, dict[str, Any]]:
+        if "task_id" in options:
+            matches = [t for t in self.tasks if t.task_id == options["task_id"]]
+            if not matches:
+                raise EnvError(f"unknown SWE task id {options['task_id']!r}; known: {', '.join(t.task_id for t in self.tasks)}")
+            self.current = matches[0]
+        else:
+            self.current = self.tasks[seed % len(self.tasks)]
+        _copy_tree(self.current.repo_dir, work)
+        return self.current.issue, {"task_id": self.current.task_id}
+
+    def judge(self, ws: Workspace, sandbox: Sandbox, scratch: Path, timeout: float) -> tuple[bool, str]:
+        """Held-out tests run in a copy of the agent's tree, so nothing the agent left there can alter them."""
+        judge = scratch / "judge"
+        shutil.rmtree(judge, ignore_errors=True)
+        _copy_tree(ws.root, judge)
+        held = judge / "_heldout_tests"
+        shutil.rmtree(held, ignore_errors=True)
+        _copy_tree(self.current.tests_dir, held)
+        res = sandbox.run([sys.executable, *_PYTEST, "_heldout_tests"], judge, timeout)
+        shutil.rmtree(judge, ignore_errors=True)
+        passed = res.returncode == 0 and not res.timed_out
+        return passed, res.output
+
+
+class SweEnv:
+    """TextEnv over a code repository; see the module doc for the commands and the sandbox."""
+
+    action_format = ACTION_FORMAT
+
+    def __init__(self, name: str, source: Any, max_turns: int = 30, command_timeout: float = 20.0,
+                 test_timeout: float = 60.0, memory_mb: int = 1024):
+        self.name = name
+        self.source = source
+        self.max_turns = int(max_turns)
+        self.test_timeout = test_timeout
+        self.sandbox = Sandbox(timeout_s=command_timeout, memory_mb=memory_mb)
+        self.task = ""
+        self.turns = 0
+        self.done = False
+        self._tmp: Path | None = None
+        self.ws: Workspace | None = None
+        self._rng = random.Random()
+
+    # -- protocol ----------------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """reset(seed) picks task `seed % n`; options may name one (task_id / instance_id)."""
+        if seed is None:
+            seed = self._rng.randrange(2**31)
+        self._cleanup()
+        self._tmp = Path(tempfile.mkdtemp(prefix="swe_ep_"))
+        self._tmp_finalizer = weakref.finalize(self, shutil.rmtree, str(self._tmp), True)
+        work = self._tmp / "repo"
+        self.task, meta = self.source.prepare(seed, options or {}, work)
+        self.ws = Workspace(work)
+        self.turns, self.done = 0, False
+        obs = f"Issue:\n{self.task}\n\nRepository files:\n{_clip(self.ws.ls('.'))}\n\n{ACTION_FORMAT}"
+        return obs, self._info(False) | meta
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self.ws is None:
+            raise RuntimeError("call reset() before step()")
+        if self.done:
+            raise RuntimeError("the episode has ended; call reset()")
+        self.turns += 1
+        head, _, body = (action or "").partition("\n")
+        try:
+            argv = shlex.split(head.strip())
+        except ValueError as e:
+            return self._turn(f"Invalid command: {e}. {ACTION_FORMAT}", invalid=True)
+        if not argv:
+            return self._turn(f"Invalid command: empty action. {ACTION_FORMAT}", invalid=True)
+        cmd, args = argv[0], argv[1:]
+        if cmd == "submit":
+            return self._submit()
+        handler = self._commands().get(cmd)
+        if handler is None:
+            return self._turn(f"Invalid command {cmd[:40]!r}. {ACTION_FORMAT}", invalid=True)
+        try:
+            out = handler(args, body)
+        except CommandError as e:
+            return self._turn(f"Error: {e}", invalid=True)
+        return self._turn(_clip(out), invalid=False)
+
+    def close(self) -> None:
+        self._cleanup()
+        self.sandbox.close()
+
+    # -- commands ----------------------------------------------------------------------------
+    def _commands(self) -> dict[str, Any]:
+        return {"ls": self._cmd_ls, "cat": self._cmd_cat, "grep": self._cmd_grep, "replace": self._cmd_replace,
+                "edit": self._cmd_edit, "write": self._cmd_write, "python": self._cmd_python,
+                "run_tests": self._cmd_run_tests}
+
+    def _cmd_ls(self, args: list[str], body: str) -> str:
+        return self.ws.ls(args[0] if args else ".")
+
+    def _cmd_cat(self, args: list[str], body: str) -> str:
+        if not args or len(args) > 3:
+            raise CommandError("usage: cat <path> [start] [end]")
+        nums = [_int(a, "line number") for a in args[1:]]
+        return self.ws.cat(args[0], *nums)
+
+    def _cmd_grep(self, args: list[str], body: str) -> str:
+        if not args or len(args) > 2:
+            raise CommandError("usage: grep <pattern> [path]  (quote a pattern with spaces)")
+        return self.ws.grep(args[0], args[1] if len(args) > 1 else ".")
+
+    def _cmd_replace(self, args: list[str], body: str) -> str:
+        if len(args) != 3:
+            raise CommandError("usage: replace <path> <start> <end>, then the new lines")
+        return self.ws.replace_lines(args[0], _int(args[1], "start"), _int(args[2], "end"), body)
+
+    def _cmd_edit(self, args: list[str], body: str) -> str:
+        if len(args) != 1:
+            raise CommandError("usage: edit <path>, then <<< old === new >>> lines")
+        old, new = _parse_edit_body(body)
+        return self.ws.str_replace(args[0], old, new)
+
+    def _cmd_write(self, args: list[str], body: str) -> str:
+        if len(args) != 1:
+            raise CommandError("usage: write <path>, then the file's content")
+        return self.ws.write(args[0], body if body.endswith("\n") or not body else body + "\n")
+
+    def _cmd_python(self, args: list[str], body: str) -> str:
+        if not args:
+            raise CommandError("usage: python <path> [args]")
+        if not self.ws.path(args[0]).is_file():
+            raise CommandError(f"no such file: {args[0]}")
+        return self._report(self.sandbox.run([sys.executable, *args], self.ws.root), "script", self.sandbox.timeout_s)
+
+    def _cmd_run_tests(self, args: list[str], body: str) -> str:
+        if not self.source.offers_run_tests:
+            raise CommandError("this env runs the tests in its evaluation harness at submit; "
+                               "use `python <script>` for local checks")
+        if not (self.ws.root / "tests").is_dir():
+            raise CommandError("this repository has no tests/ folder")
+        res = self.sandbox.run([sys.executable, *_PYTEST, "tests"], self.ws.root, self.test_timeout)
+        return self._report(res, "tests", self.test_timeout)
+
+    @staticmethod
+    def _report(res: RunResult, what: str, limit: float) -> str:
+        if res.timed_out:
+            return f"{what} killed after the time limit ({limit:g}s)\n{res.output}"
+        return f"{res.output}\n[{what} exit code {res.returncode}]"
+
+    # -- episode plumbing --------------------------------------------------------------------
+    def _submit(self) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        passed, output = self.source.judge(self.ws, self.sandbox, self._tmp, self.test_timeout)
+        self.done = True
+        verdict = "The hidden tests pass: the issue is fixed." if passed else "The hidden tests fail: the issue is not fixed."
+        info = self._info(False) | {"success": passed, "test_output": _clip(output)}
+        return f"Submitted. {verdict}", 1.0 if passed else 0.0, True, False, info
+
+    def _cleanup(self) -> None:
+        if self._tmp is not None:
+            self._tmp_finalizer()
+            self._tmp = None
+
+    def _turn(self, obs: str, invalid: bool) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        info = self._info(invalid)
+        truncated = self.turns >= self.max_turns
+        if truncated:
+            self.done = True
+            info["success"] = False
+            obs += f"\n\nTurn limit ({self.max_turns}) reached without submitting."
+        return obs, 0.0, False, truncated, info
+
+    def _info(self, invalid: bool) -> dict[str, Any]:
+        return {"invalid_action": invalid, "admissible_actions": self.admissible_actions()}
+
+    def admissible_actions(self) -> list[str]:
+        if self.ws is None:
+            return []
+        files = [self.ws.rel(f) for f in self.ws.files()] if self.source.offers_run_tests else []
+        tests = ["run_tests"] if self.source.offers_run_tests else []
+        # A real (swe/bench) repository has thousands of files: list commands, not every file.
+        return ["ls", *[f"cat {f}" for f in files if f.endswith(".py")], *tests, "submit"]
+
+
+def _int(text: str, what: str) -> int:
+    try:
+        return int(text)
+    except ValueError as e:
+        raise CommandError(f"{what} must be an integer, not {text!r}") from e
+
+
+def make_swe_local(tasks_dir: str | Path | None = None, task_ids: list[str] | None = None, **options: Any) -> SweEnv:
+    """Registry factory for `swe/local`; options: max_turns, command_timeout, test_timeout, memory_mb."""
+    return SweEnv("swe/local", LocalTasks(tasks_dir, task_ids), **options)
+
+
+def swe_expert(env: SweEnv) -> str:
+    """The next action of a demonstrator that replays the reference fix through the env's own commands.
+
+    Stateless: it diffs the working copy against the fixed files and emits one `replace` for the
+    first differing hunk, so it can also take over from any state a policy left (DAgger).
+    """
+    if not isinstance(env.source, LocalTasks) or env.source.current is None:
+        raise EnvError("swe_expert needs a reset swe/local env (its tasks carry a reference fix)")
+    fix_dir = env.source.current.fix_dir
+    for fixed in sorted(p for p in fix_dir.rglob("*") if p.is_file()):
+        rel = fixed.relative_to(fix_dir).as_posix()
+        want = fixed.read_text(encoding="utf-8").splitlines(keepends=True)
+        target = env.ws.path(rel)
+        if not target.exists():
+            return f"write {rel}\n" + "".join(want)
+        have = target.read_text(encoding="utf-8").splitlines(keepends=True)
+        if have == want:
+            continue
+        for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=have, b=want, autojunk=False).get_opcodes():
+            if tag != "equal":
+                # lines i1+1..i2 (1-based, inclusive); i2 == i1 is a pure insertion before line i1+1
+                return f"replace {rel} {i1 + 1} {i2}\n" + "".join(want[j1:j2])
+    return "submit"
+
+
+# ---------------------------------------------------------------------------------------------
+# swe/bench: SWE-bench instances through the official harness
+# ---------------------------------------------------------------------------------------------
+
+REQUIRED_INSTANCE_FIELDS = ("instance_id", "repo", "base_commit", "problem_statement")
+
+
+def load_swe_bench_instances(path: str | Path) -> list[dict]:
+    """SWE-bench instances from a JSON list or a JSONL file; each needs the fields the harness keys on."""
+    p = Path(path)
+    if not p.is_file():
+        raise EnvError(f"no SWE-bench instance file at {p}")
+    text = p.read_text(encoding="utf-8")
+    if text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise EnvError(f"{p}: not valid JSON ({e})") from e
+        numbered = list(enumerate(rows, 1))
+    else:
+        numbered = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                numbered.append((n, json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise EnvError(f"{p}:{n}: not valid JSON ({e.msg})") from e
+    out = []
+    for n, row in numbered:
+        if not isinstance(row, dict):
+            raise EnvError(f"{p}:{n}: an instance must be a JSON object")
+        missing = [f for f in REQUIRED_INSTANCE_FIELDS if not row.get(f)]
+        if missing:
+            raise EnvError(f"{p}:{n}: instance lacks {', '.join(missing)}")
+        out.append(row)
+    if not out:
+        raise EnvError(f"{p} holds no instances")
+    return out
+
+
+def docker_status() -> tuple[bool, str]:
+    """(reachable, why not): asks the Docker engine itself, since an installed CLI proves nothing."""
+    docker = shutil.which("docker")
+    if docker is None:
+        return False, "the docker CLI is not installed"
+    try:
+        res = subprocess.run([docker, "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError) as e:
+        return False, f"`docker info` failed ({e})"
+    if res.returncode != 0 or not res.stdout.strip():
+        return False, (res.stderr.strip().splitlines() or ["no engine answered"])[-1]
+    return True, ""
+
+
+class BenchInstances:
+    """SWE-bench instances: a git checkout at the base commit; `git diff` is judged by the harness.
+
+    The checkout comes from `repos_dir/<owner>__<name>` (a local clone) when given, else from GitHub.
+    The repository's own environment lives in the harness's Docker image, so `run_tests` is not
+    offered locally; the harness runs the instance's FAIL_TO_PASS / PASS_TO_PASS tests at submit.
+    """
+
+    offers_run_tests = False
+
+    def __init__(self, instances_path: str | Path, repos_dir: str | Path | None = None, model_name: str = "comprl",
+                 dataset_split: str = "test", harness_timeout: float = 3600.0):
+        self.instances = load_swe_bench_instances(instances_path)
+        self.instances_path = Path(instances_path).resolve()
+        self.repos_dir = Path(repos_dir) if repos_dir else None
+        self.model_name = model_name
+        self.dataset_split = dataset_split
+        self.harness_timeout = harness_timeout
+        self.instance: dict | None = None
+
+    def pick(self, seed: int, options: dict[str, Any]) -> dict:
+        if "instance_id" in options:
+            found = [i for i in self.instances if i["instance_id"] == options["instance_id"]]
+            if not found:
+                raise EnvError(f"instance {options['instance_id']!r} is not in {self.instances_path}")
+            return found[0]
+        return self.instances[seed % len(self.instances)]
+
+    def prepare(self, seed: int, options: dict[str, Any], work: Path) -> tuple[str, dict[str, Any]]:
+        self.instance = inst = self.pick(seed, options)
+        local = self.repos_dir / inst["repo"].replace("/", "__") if self.repos_dir else None
+        source = str(local) if local and local.is_dir() else f"https://github.com/{inst['repo']}.git"
+        for argv in (["git", "clone", "--quiet", source, str(work)],
+                     ["git", "-C", str(work), "checkout", "--quiet", inst["base_commit"]]):
+            res = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
+            if res.returncode != 0:
+                raise EnvError(f"`{' '.join(argv)}` failed: {res.stderr.strip()[-300:]}; "
+                               f"give repos_dir with a clone of {inst['repo']} or allow access to GitHub")
+        return inst["problem_statement"].strip(), {"instance_id": inst["instance_id"]}
+
+    def judge(self, ws: Workspace, sandbox: Sandbox, scratch: Path, timeout: float) -> tuple[bool, str]:
+        patch = subprocess.run(["git", "-C", str(ws.root), "diff", "--no-color"], capture_output=True, text=True,
+                               timeout=120).stdout
+        if not patch.strip():
+            return False, "empty change: nothing to evaluate"
+        return self.evaluate_patch(patch, scratch)
+
+    def prediction_files(self, patch: str, eval_dir: Path) -> tuple[Path, Path]:
+        """The harness's inputs: a one-instance dataset file and a predictions JSONL."""
+        eval_dir.mkdir(parents=True, exist_ok=True)
+        dataset = eval_dir / "instances.json"
+        dataset.write_text(json.dumps([self.instance]))
+        preds = eval_dir / "predictions.jsonl"
+        row = {"instance_id": self.instance["instance_id"], "model_name_or_path": self.model_name, "model_patch": patch}
+        preds.write_text(json.dumps(row) + "\n")
+        return dataset, preds
+
+    def harness_argv(self, dataset: Path, preds: Path, run_id: str) -> list[str]:
+        return [sys.executable, "-m", "swebench.harness.run_evaluation", "--dataset_name", str(dataset),
+                "--split", self.dataset_split, "--predictions_path", str(preds),
+                "--instance_ids", self.instance["instance_id"], "--max_workers", "1", "--run_id", run_id]
+
+    def evaluate_patch(self, patch: str, scratch: Path) -> tuple[bool, str]:
+        """One prediction through `python -m swebench.harness.run_evaluation`; (resolved, log tail)."""
+        run_id = f"comprl_{uuid.uuid4().hex[:8]}"
+        eval_dir = scratch / "eval"
+        dataset, preds = self.prediction_files(patch, eval_dir)
+        try:
+            res = subprocess.run(self.harness_argv(dataset, preds, run_id), cwd=eval_dir, capture_output=True,
+                                 text=True, timeout=self.harness_timeout)
+        except subprocess.TimeoutExpired:
+            return False, f"the SWE-bench harness did not finish within {self.harness_timeout:g}s"
+        return read_harness_verdict(eval_dir, run_id, self.instance["instance_id"]), (res.stdout + res.stderr)[-3000:]
+
+
+def read_harness_verdict(eval_dir: Path, run_id: str, instance_id: str) -> bool:
+    """Whether the harness resolved the instance: its summary `<model>.<run_id>.json` ("resolved_ids")
+    or, failing that, the per-instance logs/run_evaluation/<run_id>/<model>/<id>/report.json."""
+    for summary in eval_dir.glob(f"*.{run_id}.json"):
+        return instance_id in json.loads(summary.read_text()).get("resolved_ids", [])
+    for report in eval_dir.glob(f"logs/run_evaluation/{run_id}/*/{instance_id}/report.json"):
+        return bool(json.loads(report.read_text()).get(instance_id, {}).get("resolved", False))
+    return False
+
+
+def make_swe_bench(instances_path: str | Path | None = None, repos_dir: str | Path | None = None,
+                   model_name: str = "comprl", dataset_split: str = "test", harness_timeout: float = 3600.0,
+                   **options: Any) -> SweEnv:
+    """Registry factory for `swe/bench`; raises EnvError unless Docker and swebench are usable here."""
+    ok, why = docker_status()
+    if not ok:
+        raise EnvError(f"swe/bench needs a running Docker engine for the SWE-bench harness ({why}); start one "
+                       f"(or set DOCKER_HOST) and `pip install swebench`, or use swe/local.")
+    try:
+        import swebench  # noqa: F401  (the harness runs as a module; importing checks it is installed)
+    except ImportError as e:
+        raise EnvError("swe/bench needs the SWE-bench harness: `pip install swebench`.") from e
+    if instances_path is None:
+        raise EnvError("swe/bench needs instances_path: a JSON or JSONL file of SWE-bench instances.")
+    source = BenchInstances(instances_path, repos_dir, model_name, dataset_split, harness_timeout)
+    options.setdefault("memory_mb", 2048)
+    return SweEnv("swe/bench", source, **options)

@@ -1,0 +1,197 @@
+"""SWE envs: every built-in task fails unfixed and passes with its reference fix (through the env),
+the commands, the sandbox limits, and swe/bench's loading, harness adapter and Docker error."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from envs.base import EnvError, check_env
+from envs.registry import make_env
+from envs.swe import (
+    BenchInstances,
+    LocalTasks,
+    SweEnv,
+    docker_status,
+    load_local_tasks,
+    load_swe_bench_instances,
+    make_swe_bench,
+    make_swe_local,
+    read_harness_verdict,
+    swe_expert,
+)
+
+TASKS = load_local_tasks()
+
+
+@pytest.fixture(scope="module")
+def env() -> SweEnv:
+    e = make_swe_local(command_timeout=10)
+    yield e
+    e.close()
+
+
+def test_at_least_eight_tasks_with_hidden_tests():
+    assert len(TASKS) >= 8
+    for t in TASKS:
+        assert t.issue and any(t.tests_dir.glob("test_*.py")) and any(p.is_file() for p in t.fix_dir.rglob("*"))
+        # the held-out tests are not part of what the agent gets
+        assert not any(p.name == q.name for p in t.repo_dir.rglob("*.py") for q in t.tests_dir.glob("*.py"))
+
+
+def test_check_env():
+    e = make_env("swe/local")
+    try:
+        assert e.name == "swe/local"
+        check_env(e, seed=0)
+    finally:
+        e.close()
+
+
+@pytest.mark.parametrize("task_id", [t.task_id for t in TASKS])
+def test_task_fails_unfixed_and_reference_fix_passes(env, task_id):
+    obs, info = env.reset(options={"task_id": task_id})
+    assert info["task_id"] == task_id and env.task in obs
+    assert not any("_heldout" in a or "test_issue" in a for a in info["admissible_actions"])
+    obs, r, term, trunc, info = env.step("submit")
+    assert term and r == 0.0 and info["success"] is False, f"{task_id}: hidden tests pass without a fix"
+
+    env.reset(options={"task_id": task_id})
+    for _ in range(env.max_turns):
+        action = swe_expert(env)
+        obs, r, term, trunc, info = env.step(action)
+        assert not info["invalid_action"], obs
+        if term or trunc:
+            break
+    assert term and r == 1.0 and info["success"] is True, f"{task_id}: {info.get('test_output')}"
+
+
+def test_reset_picks_seed_mod_n(env):
+    _, a = env.reset(seed=1)
+    _, b = env.reset(seed=1 + len(TASKS))
+    assert a["task_id"] == b["task_id"] == TASKS[1].task_id
+
+
+def test_file_commands(env):
+    env.reset(options={"task_id": "pager_last_page"})
+    obs, *_, info = env.step("ls")
+    assert "pager/pages.py" in obs and "tests/test_pages.py" in obs and not info["invalid_action"]
+    obs, *_ = env.step("cat pager/pages.py 4 5")
+    assert obs.splitlines()[0].startswith("   4| ") and len(obs.splitlines()) == 2
+    obs, *_ = env.step('grep "return n_items" pager')
+    assert "pager/pages.py:8:" in obs
+    obs, *_, info = env.step("edit pager/pages.py\n<<<\n    return n_items // per_page\n===\n"
+                             "    return -(-n_items // per_page)\n>>>")
+    assert not info["invalid_action"] and "-(-n_items" in obs
+    obs, *_, info = env.step("replace pager/pages.py 1 1\n\"\"\"Pages.\"\"\"")
+    assert not info["invalid_action"] and '"""Pages."""' in obs
+    obs, *_, info = env.step("run_tests")
+    assert "2 passed" in obs and "exit code 0" in obs
+    obs, r, term, *_ = env.step("submit")
+    assert r == 1.0 and term
+
+
+def test_invalid_commands_are_feedback(env):
+    env.reset(seed=0)
+    for bad in ("@@ not a command", "cat ../../../etc/passwd", "cat /etc/passwd", "replace tests/test_parser.py 50 60\nx",
+                "edit minicsv/parser.py\nno markers", "cat minicsv/parser.py one", "grep '('", 'ls "unclosed'):
+        obs, r, term, trunc, info = env.step(bad)
+        assert info["invalid_action"] is True and obs.strip() and not term, bad
+
+
+def test_turn_limit():
+    e = make_swe_local(max_turns=3)
+    try:
+        e.reset(seed=0)
+        for _ in range(3):
+            obs, r, term, trunc, info = e.step("ls")
+        assert trunc and not term and info["success"] is False and "Turn limit" in obs
+    finally:
+        e.close()
+
+
+def test_script_timeout_kills_it():
+    e = make_swe_local(command_timeout=1.0)
+    try:
+        e.reset(seed=0)
+        e.step("write spin.py\nimport subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'while True: pass'])\n"
+               "while True:\n    pass")
+        t0 = time.monotonic()
+        obs, r, term, trunc, info = e.step("python spin.py")
+        assert time.monotonic() - t0 < 8 and "killed after the time limit" in obs and not info["invalid_action"]
+    finally:
+        e.close()
+
+
+def test_memory_cap_and_no_network(env):
+    env.reset(seed=0)
+    env.step("write mem.py\nx = bytearray(4 * 1024 ** 3)\nprint('got 4 GiB')")
+    obs, *_ = env.step("python mem.py")
+    assert "MemoryError" in obs and "got 4 GiB" not in obs
+    env.step("write net.py\nimport socket\nsocket.create_connection(('93.184.216.34', 80), timeout=3)\nprint('online')")
+    obs, *_ = env.step("python net.py")
+    assert "online" not in obs and "exit code 1" in obs
+
+
+def test_expert_needs_local_task():
+    e = SweEnv("swe/local", LocalTasks())
+    try:
+        with pytest.raises(EnvError):
+            swe_expert(e)  # not reset: no current task
+    finally:
+        e.close()
+
+
+# -- swe/bench ---------------------------------------------------------------------------------
+
+INSTANCE = {"instance_id": "astropy__astropy-12907", "repo": "astropy/astropy",
+            "base_commit": "d16bfe05a744909de4b27f5875fe0d4ed41ce607",
+            "problem_statement": "Modeling's `separability_matrix` does not compute separability correctly for nested CompoundModels",
+            "FAIL_TO_PASS": "[]", "PASS_TO_PASS": "[]", "version": "4.3"}
+
+
+def test_swe_bench_without_docker_is_env_error(tmp_path):
+    if docker_status()[0]:
+        pytest.skip("a Docker engine is reachable here")
+    path = tmp_path / "instances.jsonl"
+    path.write_text(json.dumps(INSTANCE) + "\n")
+    with pytest.raises(EnvError, match="Docker engine"):
+        make_swe_bench(instances_path=path)
+    with pytest.raises(EnvError, match="Docker engine"):
+        make_env("swe/bench")
+
+
+def test_load_instances_json_and_jsonl(tmp_path):
+    jl = tmp_path / "a.jsonl"
+    jl.write_text(json.dumps(INSTANCE) + "\n\n" + json.dumps(dict(INSTANCE, instance_id="x__y-1")) + "\n")
+    assert [i["instance_id"] for i in load_swe_bench_instances(jl)] == ["astropy__astropy-12907", "x__y-1"]
+    js = tmp_path / "a.json"
+    js.write_text(json.dumps([INSTANCE]))
+    assert load_swe_bench_instances(js)[0]["repo"] == "astropy/astropy"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(INSTANCE) + "\n" + json.dumps({"instance_id": "z"}) + "\n")
+    with pytest.raises(EnvError, match=r"bad.jsonl:2: instance lacks repo, base_commit, problem_statement"):
+        load_swe_bench_instances(bad)
+    with pytest.raises(EnvError, match="no SWE-bench instance file"):
+        load_swe_bench_instances(tmp_path / "missing.json")
+
+
+def test_harness_adapter_inputs_and_verdict(tmp_path):
+    jl = tmp_path / "a.jsonl"
+    jl.write_text(json.dumps(INSTANCE) + "\n")
+    src = BenchInstances(jl, model_name="my/model")
+    src.instance = src.pick(0, {})
+    dataset, preds = src.prediction_files("diff --git a/x b/x\n", tmp_path / "eval")
+    assert json.loads(dataset.read_text()) == [INSTANCE]
+    assert json.loads(preds.read_text()) == {"instance_id": INSTANCE["instance_id"], "model_name_or_path": "my/model",
+                                             "model_patch": "diff --git a/x b/x\n"}
+    argv = src.harness_argv(dataset, preds, "run1")
+    assert argv[1:3] == ["-m", "swebench.harness.run_evaluation"]
+    assert argv[argv.index("--instance_ids") + 1] == INSTANCE["instance_id"]
+    assert argv[argv.index("--predictions_path") + 1] == str(preds)
+    # the harness's summary file decides; no summary at all means not resolved
+    ev = tmp_path / "eval"
+    assert read_harness_verdict(ev, "run1", INSTANCE["instance_id"]) is False
+    (ev / "my__model.run1.json").write_text(json.dumps({"resolved_ids": [INSTANCE["instance_id"]]}))
+    assert read_harness_verdict(ev, "run1", INSTANCE["instance_id"]) is True
