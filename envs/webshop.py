@@ -13,7 +13,7 @@ Two back ends behind the same pages and actions:
   the WebShop authors' own text clients do. That data is not shipped here; a missing or unreachable
   server is an EnvError.
 
-Reward (WebShop paper, Eq. 1; `web_agent_site/engine/goal.py:get_reward`):
+Reward (the WebShop paper's score, as `web_agent_site/engine/goal.py:get_reward` computes it):
 
     r = r_type * (|U_att ∩ Y_att| + |U_opt ∩ Y_opt| + 1[y_price <= u_price]) / (|U_att| + |U_opt| + 1)
 
@@ -21,7 +21,6 @@ success = (r == 1), WebShop's convention; the env's reward is r itself.
 """
 from __future__ import annotations
 
-import ast
 import json
 import math
 import random
@@ -164,7 +163,7 @@ def option_matches(purchased: dict, goal_options: list[str], chosen: dict[str, s
 
 
 def webshop_reward(purchased: dict, goal: dict, price: float, options: dict[str, str]) -> tuple[float, dict[str, Any]]:
-    """WebShop's score of buying `purchased` at `price` with `options` for `goal` (paper Eq. 1)."""
+    """WebShop's score of buying `purchased` at `price` with `options` for `goal`."""
     goal_options = list(goal["goal_options"].values()) if isinstance(goal["goal_options"], dict) else list(goal["goal_options"])
     r_type = type_reward(purchased, goal)
     n_att = attribute_matches(purchased, goal)
@@ -557,7 +556,7 @@ class WebShopEnv:
     action_format = ACTION_FORMAT
 
     def __init__(self, split: str = "train", server_url: str | None = None, max_turns: int = 15,
-                 data_dir: str | Path | None = None, request_timeout: float = 10.0):
+                 data_dir: str | Path | None = None, request_timeout: float = 10.0, server_goals: int = 12087):
         if split not in ("train", "eval", "dev", "all"):
             raise EnvError(f"webshop split must be 'train', 'eval', 'dev' or 'all', not {split!r}")
         self.split = split
@@ -565,7 +564,8 @@ class WebShopEnv:
         self.server_url = server_url
         self.backend: OfflineShop | ServerShop
         if server_url:
-            self.backend = ServerShop(server_url, timeout=request_timeout)
+            # server_goals: how many goals the server holds (12,087 human goals in WebShop's release).
+            self.backend = ServerShop(server_url, timeout=request_timeout, n_goals=server_goals)
         else:
             if split == "dev":
                 raise EnvError("the offline WebShop catalogue has 'train' and 'eval' splits (and 'all'); 'dev' exists on a server only")

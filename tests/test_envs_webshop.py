@@ -156,7 +156,8 @@ def test_invalid_actions_are_feedback(env):
     obs, *_, info = env.step("search[again]")
     assert info["invalid_action"] and "Back to Search" in obs
     obs, *_, info = env.step("buy it")
-    assert info["invalid_action"] and "search[<query>]" in obs or "click[" in obs
+    assert info["invalid_action"] and "is not search[<query>] or click[<button>]" in obs
+    assert "click[Back to Search]" in obs  # the feedback lists what is valid on this page
 
 
 def test_turn_limit(env):
