@@ -14,7 +14,8 @@ process group with a wall-clock timeout (the whole group is killed), an address-
 episode's temp dir) and, where `unshare -rn` works, an empty network namespace (no interface but a
 down loopback); where it does not, a `sitecustomize` socket guard refuses internet connections from
 Python. File commands cannot leave the working copy; a *script* could still read other files of
-this machine (there is no filesystem jail), so the held-out tests are hidden, not secret.
+this machine (there is no filesystem jail), so the held-out tests are hidden, not secret. The judge
+ignores conftest.py files, pytest config files and a `pytest.py` the agent leaves in its tree.
 """
 from __future__ import annotations
 
@@ -386,7 +387,15 @@ class LocalTasks:
         held = judge / "_heldout_tests"
         shutil.rmtree(held, ignore_errors=True)
         _copy_tree(self.current.tests_dir, held)
-        res = sandbox.run([sys.executable, *_PYTEST, "_heldout_tests"], judge, timeout)
+        # The agent's tree must not be able to judge itself (it is an RL policy: it will find such holes):
+        # -P keeps the tree off sys.path until pytest has started (no shadowing `pytest.py`),
+        # --noconftest ignores any conftest.py it wrote, and an empty ini outside the tree overrides any
+        # pytest.ini / pyproject.toml / setup.cfg it left. The tree is then put on the path for the imports.
+        ini = scratch / "judge.ini"
+        ini.write_text("[pytest]\n")
+        argv = [sys.executable, "-P", *_PYTEST, "--noconftest", "-c", str(ini), "--rootdir", str(judge),
+                "-o", f"pythonpath={judge}", "_heldout_tests"]
+        res = sandbox.run(argv, judge, timeout)
         shutil.rmtree(judge, ignore_errors=True)
         passed = res.returncode == 0 and not res.timed_out
         return passed, res.output

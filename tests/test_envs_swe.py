@@ -195,3 +195,17 @@ def test_harness_adapter_inputs_and_verdict(tmp_path):
     assert read_harness_verdict(ev, "run1", INSTANCE["instance_id"]) is False
     (ev / "my__model.run1.json").write_text(json.dumps({"resolved_ids": [INSTANCE["instance_id"]]}))
     assert read_harness_verdict(ev, "run1", INSTANCE["instance_id"]) is True
+
+
+@pytest.mark.parametrize("hack", [
+    "write conftest.py\nimport pytest\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
+    "    outcome = yield\n    outcome.get_result().outcome = 'passed'",
+    "write pytest.ini\n[pytest]\naddopts = --co",
+    "write pytest.py\nimport sys\nsys.exit(0)",
+])
+def test_agent_tree_cannot_judge_itself(env, hack):
+    env.reset(options={"task_id": "median_even_count"})
+    obs, r, term, trunc, info = env.step(hack)
+    assert not info["invalid_action"], obs
+    obs, r, term, trunc, info = env.step("submit")
+    assert r == 0.0 and info["success"] is False, info["test_output"]
