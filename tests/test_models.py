@@ -202,6 +202,13 @@ def test_logprobs_with_grad_and_weight_sync(model_dir, hf):
     saved = learner.save(model_dir.parent / "after-step")
     assert torch.allclose(load_backend("hf", saved, quiet=True).logprobs(seqs), after, atol=1e-6)
     rollout.load_weights(saved)  # from a folder, as after a checkpoint
+    # the single-file path the vllm back end ships to its workers (tied weights written once)
+    from trainers.models import _write_weights
+
+    _write_weights(learner.state_dict_for_sync(), model_dir.parent / "sync.safetensors")
+    fresh = load_backend("hf", model_dir, quiet=True)
+    fresh.load_weights(model_dir.parent / "sync.safetensors")
+    assert torch.allclose(fresh.logprobs(seqs), after, atol=1e-6)
     with pytest.raises(BackendError):
         rollout.load_weights({"not.a.weight": torch.zeros(1)})
 
