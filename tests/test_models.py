@@ -232,6 +232,8 @@ def test_lora_trains_adapters_only_and_merges(model_dir, hf):
     assert torch.allclose(target.logprobs(seqs), trained, atol=1e-4)
     assert torch.allclose(b.logprobs(seqs), trained)  # unmerged again after the export
     assert "LoRA r=4" in b.describe()
+    saved = b.save(model_dir.parent / "lora-merged")  # a plain HF folder with the adapters merged
+    assert torch.allclose(load_backend("hf", saved, quiet=True).logprobs(seqs), trained, atol=1e-4)
 
 
 # ---------------------------------------------------------------- openai back end, real loopback server
