@@ -2,6 +2,7 @@
 
     comprl library stats|list|show|search|export|import|edit|archive|restore|history|diff|revert|duplicates|merge
     comprl envs
+    comprl app [--host 127.0.0.1] [--port 7860] [--demo] [--auth user:password]
 
 Every subcommand takes --data-dir (default ./comprl_data) and --db URL (default
 sqlite:///<data-dir>/workbench.db). Errors a user can fix are one line on stderr and exit code 2.
@@ -152,11 +153,70 @@ def cmd_library(args: argparse.Namespace) -> int:
         store.close()
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from trainers.config import load_run_config
+    from trainers.cotrain import train
+    from trainers.engine import RunContext
+
+    overrides: dict = {}
+    if args.max_steps is not None:
+        overrides.setdefault("run", {})["max_steps"] = args.max_steps
+    if args.name:
+        overrides.setdefault("run", {})["name"] = args.name
+    if args.resume is not None and args.config is None:
+        store = open_store(args)
+        cfg = load_run_config(store.get_run(args.resume)["config"], overrides=overrides)
+    else:
+        if args.config is None:
+            raise UserError("give a config file (e.g. configs/minihack_room_cpu.yaml) or --resume RUN_ID")
+        cfg = load_run_config(args.config, overrides=overrides)
+    Path(args.data_dir).mkdir(parents=True, exist_ok=True)
+    ctx = RunContext.open(cfg, data_dir=args.data_dir, db_url=args.db or default_db_url(args.data_dir), run_id=args.run_id,
+                          resume=args.resume)
+    train(ctx)
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from trainers.evaluate import run_ab_test, run_eval
+
+    db = args.db or default_db_url(args.data_dir)
+    if args.ab_test is not None:
+        out = run_ab_test(args.ab_test, data_dir=args.data_dir, db_url=db)
+        for arm, s in out["arms"].items():
+            print(f"arm {arm}: success {s['rate']:.3f} [{s['ci_low']:.3f}, {s['ci_high']:.3f}] over {s['n']}, "
+                  f"mean actions {s['mean_actions']:.2f}")
+        print(f"difference {out['diff']:+.3f}, p = {out['p_value']:.3g}")
+        return 0
+    if args.run_id is None:
+        raise UserError("give a RUN_ID or --ab-test ID")
+    res = run_eval(args.run_id, data_dir=args.data_dir, db_url=db, episodes=args.episodes, checkpoint=args.checkpoint)
+    print(res.table())
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from trainers.warmstart import models_command
+
+    return models_command(args.action, args.data_dir, force=args.force)
+
+
 def cmd_envs(args: argparse.Namespace) -> int:
     from envs.registry import list_envs
 
     for name in list_envs():
         print(name)
+    return 0
+
+
+def cmd_app(args: argparse.Namespace) -> int:
+    from app.main import ServeError, serve
+
+    try:
+        serve(host=args.host, port=args.port, data_dir=args.data_dir, db_url=args.db, demo=args.demo, auth=args.auth,
+              upload_cap_mb=args.upload_cap_mb)
+    except ServeError as e:
+        raise UserError(str(e)) from None
     return 0
 
 
@@ -229,9 +289,41 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--file")
     lib.set_defaults(func=cmd_library)
 
+    tr = subs.add_parser("train", help="run one training run (co-training, or a baseline variant) in this process")
+    _common(tr)
+    tr.add_argument("config", nargs="?", help="a YAML config (see configs/); optional with --resume")
+    tr.add_argument("--max-steps", type=int, help="override run.max_steps")
+    tr.add_argument("--name", help="override run.name")
+    tr.add_argument("--resume", type=int, metavar="RUN_ID", help="continue a run from its latest checkpoint")
+    tr.add_argument("--run-id", type=int, help=argparse.SUPPRESS)  # the workbench creates the row, then starts us
+    tr.set_defaults(func=cmd_train)
+
+    ev = subs.add_parser("eval", help="evaluate a run on held-out seeds, or run an A/B test of two library states")
+    _common(ev)
+    ev.add_argument("run_id", type=int, nargs="?", help="the run to evaluate (its latest checkpoint)")
+    ev.add_argument("--episodes", type=int, default=0, help="episodes per condition (default: the run's eval_episodes)")
+    ev.add_argument("--checkpoint", default="", help="a checkpoint folder or model folder instead of the latest")
+    ev.add_argument("--ab-test", type=int, metavar="ID", help="run the A/B test with this id (created in the workbench)")
+    ev.set_defaults(func=cmd_eval)
+
+    mo = subs.add_parser("models", help="build (init) or list the embedded tiny default models")
+    _common(mo)
+    mo.add_argument("action", choices=["init", "list"])
+    mo.add_argument("--force", action="store_true", help="rebuild even if the models exist")
+    mo.set_defaults(func=cmd_models)
+
     envs = subs.add_parser("envs", help="list the registered environments")
     _common(envs)
     envs.set_defaults(func=cmd_envs)
+
+    app = subs.add_parser("app", help="serve the browser workbench (runs, live curves, library, A/B tests, agent demo)")
+    _common(app)
+    app.add_argument("--host", default="127.0.0.1", help="address to bind; anything but loopback needs --auth (default: %(default)s)")
+    app.add_argument("--port", type=int, default=7860, help="port (default: %(default)s)")
+    app.add_argument("--demo", action="store_true", help="start the CPU default run if none is running")
+    app.add_argument("--auth", help="user:password required to open the page (or set COMPRL_AUTH)")
+    app.add_argument("--upload-cap-mb", type=float, default=20.0, help="largest library file accepted for import (default: %(default)s)")
+    app.set_defaults(func=cmd_app)
     return p
 
 
@@ -243,9 +335,23 @@ def main(argv: list[str] | None = None) -> int:
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
-    except (UserError, ConfigError) as e:
+    except Exception as e:
+        if not _is_user_error(e):
+            raise
         print(f"comprl: error: {e}", file=sys.stderr)
         return EXIT_USER_ERROR
+
+
+# Errors whose message already says what to fix: printed as one line, no traceback. Looked up in
+# sys.modules so that a failing `library` command never imports torch just to check a class.
+_USER_ERRORS = (("core.config", "ConfigError"), ("core.store", "StoreError"), ("core.library_io", "LibraryFileError"),
+                ("trainers.models", "BackendError"), ("envs.base", "EnvError"))
+
+
+def _is_user_error(e: BaseException) -> bool:
+    if isinstance(e, (UserError, ConfigError)):
+        return True
+    return any(isinstance(e, getattr(sys.modules[m], c)) for m, c in _USER_ERRORS if m in sys.modules)
 
 
 if __name__ == "__main__":

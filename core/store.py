@@ -891,3 +891,25 @@ class ExperienceStore:
                              .order_by(EntryVersionRow.entry_id)).all()
             return [VersionInfo(r.entry_id, r.version, r.text, r.status, r.action, r.actor, r.note, r.library_version,
                                 r.created_at) for r in rows if r.status == Status.ACTIVE.value]
+
+    # -- read-only queries for the workbench ------------------------------------------------------
+    # Added for app/ (the live curves' edit markers, the library table's filters); nothing above
+    # depends on them.
+
+    def human_edits_since(self, after_id: int = 0, actors: Sequence[str] = ("human", "cli"),
+                          limit: int = 10_000) -> list[dict[str, Any]]:
+        """Version rows written by people (not the extractor), newer than cursor `after_id`, oldest first."""
+        with self._session() as s:
+            rows = s.execute(
+                select(EntryVersionRow.id, EntryVersionRow.entry_id, EntryVersionRow.version, EntryVersionRow.action,
+                       EntryVersionRow.actor, EntryVersionRow.created_at)
+                .where(EntryVersionRow.id > after_id, EntryVersionRow.actor.in_(list(actors)))
+                .order_by(EntryVersionRow.id).limit(limit)).all()
+            return [r._asdict() for r in rows]
+
+    def entry_facets(self) -> dict[str, list[str]]:
+        """Distinct envs and sources present in the library (for filter menus)."""
+        with self._session() as s:
+            envs = s.scalars(select(EntryRow.env).distinct().order_by(EntryRow.env)).all()
+            sources = s.scalars(select(EntryRow.source).distinct().order_by(EntryRow.source)).all()
+            return {"env": [e for e in envs if e], "source": list(sources)}

@@ -1,0 +1,1074 @@
+"""What the workbench does, behind the UI: every Gradio callback is one line into a `Workbench` method.
+
+The service reads and writes through `core.store.ExperienceStore` (the only code that touches the
+database), searches through an `ExperienceManager` (the same embedder and index as the actor's
+retrieval, with usage counting off), starts runs and A/B evaluations as separate `comprl`
+processes, and formats with `app.views`. It never imports Gradio, so every callback is tested
+without a browser.
+
+Methods return what the UI shows: strings (Markdown/HTML), DataFrames, figure JSON. Errors a
+person can act on come back as a message, never as a traceback; `None` in a figure list means
+"unchanged since the last refresh" (the UI skips that output).
+"""
+from __future__ import annotations
+
+import html
+import importlib
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from app import views
+from core import library_io, merge
+from core.config import ConfigError, LibraryConfig, default_db_url, from_dict
+from core.store import ExperienceStore, NewEntry, NotFoundError, StaleWriteError, StoreError
+from core.types import Experience, Source, Status, format_entry_text
+
+log = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG_DIR = ROOT / "configs"
+DEFAULT_UPLOAD_CAP_MB = 20.0
+ARM_KINDS = ("current", "version", "file", "none", "minus", "plus")
+MAX_SEEDS = 10_000
+LOG_TAIL_BYTES = 64_000
+
+
+class UserInputError(ValueError):
+    """Input a person can correct; the message says what and how."""
+
+
+def _ok(msg: str) -> str:
+    return f"✅ {msg}"
+
+
+def _err(msg: str) -> str:
+    return f"❌ {msg}"
+
+
+def trainer_available() -> tuple[bool, str]:
+    """Whether the training engine can be imported here (runs, A/B evaluations and policy play need it)."""
+    try:
+        importlib.import_module("trainers.engine")
+    except Exception as e:  # any import failure means the same to a person: no trainer here
+        return False, f"the trainer is not available (importing trainers.engine failed: {type(e).__name__}: {e})"
+    return True, "trainer available"
+
+
+def parse_ids(text: str | Sequence[int] | None) -> list[int]:
+    """'3, 7 12' or [3, 7, 12] -> [3, 7, 12] (order kept, repeats dropped)."""
+    if text is None:
+        return []
+    parts = text if isinstance(text, (list, tuple)) else re.split(r"[\s,;]+", str(text).strip())
+    out: list[int] = []
+    for p in parts:
+        if p in ("", None):
+            continue
+        try:
+            i = int(str(p).lstrip("#"))
+        except ValueError:
+            raise UserInputError(f"{p!r} is not an entry id; give ids as numbers separated by commas") from None
+        if i not in out:
+            out.append(i)
+    return out
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'0-19' or '1, 2, 5-7' -> the seeds; at most MAX_SEEDS."""
+    seeds: list[int] = []
+    for part in re.split(r"[\s,;]+", (text or "").strip()):
+        if not part:
+            continue
+        m = re.fullmatch(r"(-?\d+)\s*(?:-|\.\.)\s*(-?\d+)", part)
+        try:
+            if m:
+                a, b = int(m.group(1)), int(m.group(2))
+                if b < a:
+                    raise UserInputError(f"seed range {part!r} runs backwards; write it low-high")
+                if b - a + 1 > MAX_SEEDS:
+                    raise UserInputError(f"seed range {part!r} has more than {MAX_SEEDS} seeds")
+                seeds.extend(range(a, b + 1))
+            else:
+                seeds.append(int(part))
+        except ValueError:
+            raise UserInputError(f"{part!r} is not a seed; write seeds like '0-19' or '1, 2, 5'") from None
+    if not seeds:
+        raise UserInputError("give at least one task seed, e.g. '0-19'")
+    if len(seeds) > MAX_SEEDS:
+        raise UserInputError(f"{len(seeds)} seeds is more than the cap of {MAX_SEEDS}")
+    return list(dict.fromkeys(seeds))
+
+
+# -- live curves: per-session series kept in memory, fed by cursors ------------------------------------
+
+
+class _Grow:
+    """A float64 array that grows by doubling (appending 100 points to 100k does not copy 100k)."""
+
+    def __init__(self) -> None:
+        self.buf = np.empty(256, dtype=np.float64)
+        self.n = 0
+
+    def extend(self, xs: np.ndarray) -> None:
+        need = self.n + len(xs)
+        if need > len(self.buf):
+            new = np.empty(max(need, 2 * len(self.buf)), dtype=np.float64)
+            new[: self.n] = self.buf[: self.n]
+            self.buf = new
+        self.buf[self.n:need] = xs
+        self.n = need
+
+    @property
+    def view(self) -> np.ndarray:
+        return self.buf[: self.n]
+
+
+@dataclass
+class _Series:
+    steps: _Grow = field(default_factory=_Grow)
+    values: _Grow = field(default_factory=_Grow)
+    times: _Grow = field(default_factory=_Grow)
+    smooth: _Grow = field(default_factory=_Grow)
+    ema_state: tuple[float, int] = (0.0, 0)
+    weight: float = -1.0
+
+    def append(self, steps: np.ndarray, values: np.ndarray, times: np.ndarray, weight: float) -> None:
+        self.steps.extend(steps)
+        self.values.extend(values)
+        self.times.extend(times)
+        if weight != self.weight:
+            self.resmooth(weight)
+        else:
+            sm, self.ema_state = views.ema(values, weight, self.ema_state)
+            self.smooth.extend(sm)
+
+    def resmooth(self, weight: float) -> None:
+        self.smooth = _Grow()
+        sm, self.ema_state = views.ema(self.values.view, weight)
+        self.smooth.extend(sm)
+        self.weight = weight
+
+
+@dataclass
+class CurveSession:
+    """One browser session's view of the curves: cursors per (run, key), the series so far, edit marks."""
+
+    series: dict[tuple[int, str], _Series] = field(default_factory=dict)
+    cursors: dict[tuple[int, str], int] = field(default_factory=dict)
+    edit_times: list[float] = field(default_factory=list)
+    edit_cursor: int = 0
+    last_view: tuple | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    fetched_rows: int = 0
+
+
+# -- live episodes: the trainer's policy player, or the scripted expert --------------------------------
+
+
+class ExpertPlayer:
+    """Plays an episode with the env's scripted expert (`envs.experts.expert_action`): "watch the expert".
+
+    Same turn dicts as the trainer's EpisodePlayer. The experience block is what retrieval would
+    show the actor for this task; the expert does not read it.
+    """
+
+    def __init__(self, env_name: str, seed: int, experience: str = "") -> None:
+        from envs.experts import expert_action
+        from envs.registry import make_env
+
+        self._expert = expert_action
+        self.env = make_env(env_name)
+        self.seed = seed
+        self.experience = experience
+        self.turn = 0
+        self.done = False
+
+    def reset(self) -> dict[str, Any]:
+        obs, _ = self.env.reset(seed=self.seed)
+        self.turn, self.done = 0, False
+        return {"turn": 0, "observation": obs, "experience": self.experience, "action": "", "reward": 0.0, "done": False,
+                "success": None, "tool_query": "", "tool_answer": ""}
+
+    def step(self) -> dict[str, Any]:
+        action = self._expert(self.env)
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.turn += 1
+        self.done = bool(terminated or truncated)
+        return {"turn": self.turn, "observation": obs, "experience": self.experience, "action": action,
+                "reward": float(reward), "done": self.done, "success": bool(info.get("success")) if self.done else None,
+                "tool_query": "", "tool_answer": ""}
+
+    def close(self) -> None:
+        self.env.close()
+
+
+@dataclass
+class _Play:
+    player: Any
+    mode: str
+    turns: list[dict[str, Any]] = field(default_factory=list)
+    experience: str = ""
+    note: str = ""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def done(self) -> bool:
+        return bool(self.turns and self.turns[-1].get("done"))
+
+
+@dataclass
+class _Launched:
+    kind: str  # "run" | "ab"
+    proc: subprocess.Popen
+    log_path: Path
+    ab_id: int | None = None
+    reaped: bool = False
+
+
+# -- the service ---------------------------------------------------------------------------------------
+
+
+class Workbench:
+    def __init__(self, data_dir: str | os.PathLike[str], db_url: str | None = None, *, embedder: Any = None,
+                 upload_cap_mb: float = DEFAULT_UPLOAD_CAP_MB, max_sessions: int = 64) -> None:
+        self.data_dir = Path(data_dir).resolve()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.db_url = db_url or default_db_url(self.data_dir)
+        self.store = ExperienceStore(self.db_url)
+        self.upload_cap_bytes = int(upload_cap_mb * 1024 * 1024)
+        self._embedder = embedder
+        self._manager = None
+        self._manager_lock = threading.Lock()
+        self._max_sessions = max_sessions
+        self._curves: OrderedDict[str, CurveSession] = OrderedDict()
+        self._plays: OrderedDict[str, _Play] = OrderedDict()
+        self._sessions_lock = threading.Lock()
+        self._launched: list[_Launched] = []
+        self._launch_lock = threading.Lock()
+        for sub in ("configs", "logs", "exports", "ab"):
+            (self.data_dir / sub).mkdir(exist_ok=True)
+
+    def close(self) -> None:
+        with self._sessions_lock:
+            for p in self._plays.values():
+                try:
+                    p.player.close()
+                except Exception:
+                    log.exception("closing a player failed")
+            self._plays.clear()
+        if self._manager is not None:
+            self._manager.close()
+        self.store.close()
+
+    # -- the header ------------------------------------------------------------------------------
+
+    def overview_md(self) -> str:
+        runs = self.store.list_runs()
+        running = sum(r["status"] == "running" for r in runs)
+        ok, _ = trainer_available()
+        return (f"**Complementary RL workbench** · data `{self.data_dir}` · store `{_redact(self.db_url)}` · "
+                f"library version {self.store.library_version()} · {self.store.count(status='active'):,} active entries · "
+                f"{len(runs)} runs ({running} running){'' if ok else ' · trainer not installed'}")
+
+    # -- search (the actor's retrieval, without counting usage) ----------------------------------
+
+    def manager(self):
+        """The workbench's ExperienceManager, started on first use (loading the embedder takes seconds)."""
+        with self._manager_lock:
+            if self._manager is None:
+                from core.embedding import Embedder
+                from core.manager import ExperienceManager
+
+                cfg = LibraryConfig()
+                cfg.manager.record_usage = False  # a person's search is not an actor's retrieval
+                cfg.manager.diversify = False  # and should rank by similarity alone
+                cfg.manager.random_demote = False
+                embedder = self._embedder or Embedder(cfg.embedding)
+                self._manager = ExperienceManager(self.store, embedder, cfg.manager, cfg.index)
+            return self._manager
+
+    def warm_up(self) -> None:
+        """Load the embedder and index in the background so the first search is quick."""
+        threading.Thread(target=self.manager, name="workbench-warmup", daemon=True).start()
+
+    # -- runs ------------------------------------------------------------------------------------
+
+    def runs_table(self) -> pd.DataFrame:
+        self.reap_processes()
+        runs = self.store.list_runs()
+        latest = {r["id"]: self.store.latest_metrics(r["id"]) for r in runs[:200]}
+        return views.runs_table(runs, latest)
+
+    def run_choices(self) -> list[tuple[str, int]]:
+        return [(f"#{r['id']} {r['name']} ({r['status']})", r["id"]) for r in self.store.list_runs()]
+
+    def shipped_configs(self) -> list[str]:
+        return sorted(p.name for p in CONFIG_DIR.glob("*.yaml")) if CONFIG_DIR.is_dir() else []
+
+    def config_text(self, name: str | None) -> str:
+        if not name:
+            return ""
+        path = (CONFIG_DIR / name).resolve()
+        if path.parent != CONFIG_DIR.resolve() or not path.is_file():
+            return f"# no shipped config named {name!r}\n"
+        return path.read_text()
+
+    def check_config(self, text: str) -> dict[str, Any]:
+        """Parse and validate a run config; raise UserInputError naming the line or field."""
+        if not (text or "").strip():
+            raise UserInputError("the config is empty; pick a shipped config or write one")
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+            raise UserInputError(f"not valid YAML — {where}{getattr(e, 'problem', None) or e}") from None
+        if not isinstance(data, dict):
+            raise UserInputError("a run config must be a mapping of sections (e.g. 'env:', 'algorithm:') at its top level")
+        ok, why = trainer_available()
+        if not ok:
+            raise UserInputError(f"cannot check the fields: {why}")
+        engine = importlib.import_module("trainers.engine")
+        run_config = getattr(engine, "RunConfig", None)
+        if run_config is None:
+            raise UserInputError("trainers.engine has no RunConfig dataclass to check the config against")
+        try:
+            from_dict(run_config, data)
+        except ConfigError as e:
+            raise UserInputError(str(e)) from None
+        return data
+
+    def validate_config(self, text: str) -> str:
+        try:
+            self.check_config(text)
+        except UserInputError as e:
+            return _err(str(e))
+        return _ok("the config is valid")
+
+    def _spawn(self, kind: str, args: list[str], log_name: str, ab_id: int | None = None) -> _Launched:
+        log_path = self.data_dir / "logs" / log_name
+        cmd = [sys.executable, "-m", "app.cli", *args, "--data-dir", str(self.data_dir), "--db", self.db_url]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+        with log_path.open("ab") as logf:
+            # A new session: the run outlives a restart of the workbench, and a Ctrl-C here does not reach it.
+            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=env, start_new_session=True)
+        launched = _Launched(kind, proc, log_path, ab_id)
+        with self._launch_lock:
+            self._launched.append(launched)
+        return launched
+
+    def launch_run(self, text: str, max_steps: float | int | None = None, resume_run_id: int | None = None) -> str:
+        try:
+            self.check_config(text)
+        except UserInputError as e:
+            return _err(str(e))
+        stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{uuid.uuid4().hex[:6]}"
+        cfg_path = self.data_dir / "configs" / f"ui-{stamp}.yaml"
+        cfg_path.write_text(text)
+        args = ["train", str(cfg_path)]
+        if max_steps:
+            args += ["--max-steps", str(int(max_steps))]
+        if resume_run_id is not None:
+            args += ["--resume", str(int(resume_run_id))]
+        launched = self._spawn("run", args, f"train-{stamp}.log")
+        what = f"fork of run {resume_run_id} from its checkpoint" if resume_run_id is not None else "run"
+        return _ok(f"launched a {what} (process {launched.proc.pid}); it appears in the table when it starts. "
+                   f"Log: {launched.log_path}")
+
+    def start_demo_run(self, config_name: str = "minihack_room_cpu.yaml") -> str:
+        """`comprl app --demo`: start the CPU default run unless one is already running."""
+        if any(r["status"] == "running" for r in self.store.list_runs()):
+            return "a run is already running; no demo run started"
+        path = CONFIG_DIR / config_name
+        if not path.is_file():
+            return _err(f"demo run not started: {path} does not exist")
+        return self.launch_run(path.read_text())
+
+    def _run_id(self, run_id: Any) -> int:
+        try:
+            rid = int(run_id)
+        except (TypeError, ValueError):
+            raise UserInputError("choose a run first (its id from the table)") from None
+        self.store.get_run(rid)  # NotFoundError names it
+        return rid
+
+    def run_command(self, run_id: Any, command: str) -> str:
+        try:
+            rid = self._run_id(run_id)
+            run = self.store.get_run(rid)
+            if run["status"] in ("finished", "failed", "stopped"):
+                return _err(f"run {rid} has already {run['status']}; nothing to {command}")
+            self.store.send_command(rid, command)
+        except (UserInputError, StoreError) as e:
+            return _err(str(e))
+        return _ok(f"sent '{command}' to run {rid}; the run acts on it at its next step")
+
+    def fork_run(self, run_id: Any, max_steps: float | int | None = None) -> str:
+        try:
+            rid = self._run_id(run_id)
+        except (UserInputError, StoreError) as e:
+            return _err(str(e))
+        run = self.store.get_run(rid)
+        if not run["config"].strip():
+            return _err(f"run {rid} has no stored config to fork from")
+        return self.launch_run(run["config"], max_steps, resume_run_id=rid)
+
+    def _log_path_for(self, run: dict[str, Any]) -> Path | None:
+        if run.get("log_path"):
+            return Path(run["log_path"])
+        with self._launch_lock:
+            for launched in self._launched:
+                if launched.kind == "run" and launched.proc.pid == run.get("pid"):
+                    return launched.log_path
+        return None
+
+    def log_tail(self, run_id: Any, lines: int = 200) -> str:
+        try:
+            rid = self._run_id(run_id)
+        except (UserInputError, StoreError) as e:
+            return str(e)
+        run = self.store.get_run(rid)
+        path = self._log_path_for(run)
+        if path is None or not path.is_file():
+            return f"run {rid} has no log file yet" + (f" (error: {run['error']})" if run.get("error") else "")
+        return _tail(path, lines)
+
+    def launch_log_tail(self, lines: int = 60) -> str:
+        """The newest process this workbench started (a run that failed before creating its row shows why here)."""
+        with self._launch_lock:
+            if not self._launched:
+                return ""
+            last = self._launched[-1]
+        state = "running" if last.proc.poll() is None else f"exited with code {last.proc.returncode}"
+        return f"[{last.kind} process {last.proc.pid}: {state}] {last.log_path}\n" + _tail(last.log_path, lines)
+
+    def reap_processes(self) -> None:
+        """Notice processes we started that died without saying so in the store, and say it for them."""
+        with self._launch_lock:
+            todo = [p for p in self._launched if not p.reaped and p.proc.poll() is not None]
+        for p in todo:
+            p.reaped = True
+            code = p.proc.returncode
+            try:
+                if p.kind == "ab" and p.ab_id is not None:
+                    t = self.store.get_ab_test(p.ab_id)
+                    if t["status"] not in ("done", "failed"):
+                        self.store.update_ab_test(p.ab_id, status="failed",
+                                                  error=f"evaluation process exited with code {code}: " + _tail(p.log_path, 20))
+                elif p.kind == "run" and code != 0:
+                    for r in self.store.list_runs():
+                        if r["pid"] == p.proc.pid and r["status"] in ("created", "running", "paused"):
+                            self.store.update_run(r["id"], status="failed", ended_at=time.time(),
+                                                  error=f"process exited with code {code}; see {p.log_path}")
+            except StoreError:
+                log.exception("could not record the end of process %s", p.proc.pid)
+
+    # -- live curves -------------------------------------------------------------------------------
+
+    def _session(self, table: OrderedDict, token: str | None, factory) -> tuple[str, Any]:  # noqa: ANN001
+        with self._sessions_lock:
+            if token and token in table:
+                table.move_to_end(token)
+                return token, table[token]
+            token = uuid.uuid4().hex
+            table[token] = factory()
+            while len(table) > self._max_sessions:
+                _, old = table.popitem(last=False)
+                if isinstance(old, _Play):
+                    old.player.close()
+            return token, table[token]
+
+    def refresh_curves(self, token: str | None, run_ids: Sequence[Any] | None, smoothing: float = 0.6,
+                       x_axis: str = "step") -> tuple[str, list[str | None], str]:
+        """(session token, one figure JSON per panel or None when unchanged, status line).
+
+        Only metric rows newer than the session's cursor for each (run, key) are read from the store;
+        the series live in the session and are downsampled on the way out.
+        """
+        token, sess = self._session(self._curves, token, CurveSession)
+        smoothing = float(min(max(smoothing or 0.0, 0.0), 0.99))
+        x_axis = "time" if x_axis == "time" else "step"
+        runs = sorted({int(r) for r in (run_ids or []) if str(r).strip() != ""})
+        t0 = time.perf_counter()
+        with sess.lock:
+            dirty: set[str] = set()
+            new_rows = 0
+            for rid in runs:
+                new_rows += self._pull_metrics(sess, rid, smoothing, dirty)
+            edits = self.store.human_edits_since(sess.edit_cursor)
+            if edits:
+                sess.edit_cursor = edits[-1]["id"]
+                sess.edit_times.extend(e["created_at"] for e in edits)
+                dirty |= {p.id for p in views.PANELS}
+            view = (tuple(runs), smoothing, x_axis)
+            if view != sess.last_view:
+                for key, s in sess.series.items():
+                    if s.weight != smoothing:
+                        s.resmooth(smoothing)
+                dirty |= {p.id for p in views.PANELS}
+                sess.last_view = view
+            figs: list[str | None] = []
+            names = {r["id"]: f"#{r['id']} {r['name']}"[:32] for r in self.store.list_runs()} if dirty else {}
+            marks = self._edit_marks(sess, runs, x_axis) if dirty else []
+            for panel in views.PANELS:
+                if panel.id not in dirty:
+                    figs.append(None)
+                    continue
+                series = []
+                for rid in runs:
+                    for ck in panel.keys:
+                        s = sess.series.get((rid, ck.key))
+                        if s is not None and s.values.n:
+                            x = s.times.view if x_axis == "time" else s.steps.view
+                            series.append(views.SeriesView(rid, ck.key, x, s.values.view, s.smooth.view))
+                fig = views.curve_figure(panel, series, run_names=names, x_axis=x_axis, smoothing=smoothing,
+                                         edit_marks=marks)
+                figs.append(views.figure_json(fig))
+            points = sum(s.values.n for (rid, _), s in sess.series.items() if rid in runs)
+        ms = (time.perf_counter() - t0) * 1000
+        status = (f"{len(runs)} run(s) · {points:,} points held · {new_rows:,} new rows this refresh · "
+                  f"{len(sess.edit_times)} human edits · refreshed in {ms:.0f} ms" if runs else
+                  "choose one or more runs to plot")
+        return token, figs, status
+
+    def _pull_metrics(self, sess: CurveSession, rid: int, smoothing: float, dirty: set[str]) -> int:
+        keys = views.CURVE_KEYS
+        after = min(sess.cursors.get((rid, k), 0) for k in keys)
+        total = 0
+        while True:
+            rows = self.store.metrics_since(rid, keys, after_id=after, limit=200_000)
+            if not rows:
+                break
+            total += len(rows)
+            arr_id = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+            keys_col = np.array([r[1] for r in rows], dtype=object)
+            steps = np.fromiter((r[2] for r in rows), dtype=np.float64, count=len(rows))
+            vals = np.fromiter((r[3] for r in rows), dtype=np.float64, count=len(rows))
+            times = np.fromiter((r[4] for r in rows), dtype=np.float64, count=len(rows))
+            for k in set(keys_col.tolist()):
+                sel = (keys_col == k) & (arr_id > sess.cursors.get((rid, k), 0))
+                if not sel.any():
+                    continue
+                s = sess.series.setdefault((rid, k), _Series())
+                s.append(steps[sel], vals[sel], times[sel], smoothing)
+                sess.cursors[(rid, k)] = int(arr_id[sel][-1])
+                dirty |= {p.id for p in views.PANELS if any(ck.key == k for ck in p.keys)}
+            after = int(arr_id[-1])
+            if len(rows) < 200_000:
+                break
+        for k in keys:  # keys with no rows yet move their cursor too, so the next query starts late
+            sess.cursors[(rid, k)] = max(sess.cursors.get((rid, k), 0), after)
+        sess.fetched_rows += total
+        return total
+
+    def _edit_marks(self, sess: CurveSession, runs: list[int], x_axis: str) -> list[float]:
+        if not sess.edit_times or not runs:
+            return []
+        if x_axis == "time":
+            return list(sess.edit_times)
+        # On a step axis, an edit sits at the step the first chosen run had reached at that time.
+        best = max((s for (rid, _), s in sess.series.items() if rid == runs[0]), key=lambda s: s.values.n, default=None)
+        if best is None or best.values.n < 2:
+            return []
+        t, st = best.times.view, best.steps.view
+        order = np.argsort(t, kind="stable")
+        return views.edit_positions(sess.edit_times, "step", t[order], st[order])
+
+    # -- library: table and search -----------------------------------------------------------------
+
+    def library_facets(self) -> dict[str, list[str]]:
+        return self.store.entry_facets()
+
+    def library_page(self, env: str | None = None, source: str | None = None, status: str | None = "active",
+                     text: str | None = None, sort: str = "id", descending: bool = False, page: Any = 1,
+                     page_size: Any = 50) -> tuple[pd.DataFrame, str]:
+        try:
+            page = max(1, int(page or 1))
+            page_size = min(500, max(1, int(page_size or 50)))
+        except (TypeError, ValueError):
+            return views.entries_table([]), _err("page and page size must be whole numbers")
+        status_arg = None if status in (None, "", "all") else status
+        try:
+            p = self.store.list_entries(env=env or None, source=source or None, status=status_arg, text=(text or "").strip() or None,
+                                        sort=sort or "id", descending=bool(descending), offset=(page - 1) * page_size,
+                                        limit=page_size)
+        except (StoreError, ValueError) as e:
+            return views.entries_table([]), _err(str(e))
+        return views.entries_table(p.entries), views.page_info(p.offset, len(p.entries), p.total, page, page_size)
+
+    def semantic_search(self, query: str, env: str | None = None, k: Any = 20) -> tuple[pd.DataFrame, str]:
+        if not (query or "").strip():
+            return views.entries_table([], scores=[]), "type a query to search by meaning"
+        k = min(200, max(1, int(k or 20)))
+        m = self.manager()
+        m.sync()
+        hits = m.search_sync([query], k=k, task=env or None)[0]
+        entries = self.store.get_many([h.entry_id for h in hits])
+        found = [(entries[h.entry_id], h.score) for h in hits if h.entry_id in entries]
+        return (views.entries_table([e for e, _ in found], scores=[s for _, s in found]),
+                f"{len(found)} entries closest in meaning to {query!r}" + (f" in env {env}" if env else ""))
+
+    # -- library: one entry ------------------------------------------------------------------------
+
+    def _entry_id(self, entry_id: Any) -> int:
+        try:
+            return int(str(entry_id).strip().lstrip("#"))
+        except (TypeError, ValueError):
+            raise UserInputError("give an entry id (a number from the table)") from None
+
+    def open_entry(self, entry_id: Any) -> dict[str, Any]:
+        """Everything the entry panel shows; 'error' is set instead when the id is bad."""
+        try:
+            eid = self._entry_id(entry_id)
+            e = self.store.get(eid)
+        except (UserInputError, StoreError) as err:
+            return {"error": _err(str(err))}
+        versions = self.store.history(eid)
+        parents = self.store.get_many(e.parent_ids)
+        children = self.store.get_many(self.store.children(eid))
+        return {
+            "error": "", "id": e.id, "version": e.version, "text": e.text, "meta": views.entry_meta_md(e),
+            "lineage": views.lineage_md(e, parents, children), "usage": views.usage_table(self.store.usage(eid)),
+            "history": views.history_table(versions), "versions": [v.version for v in versions], "status": e.status.value,
+        }
+
+    def save_entry(self, entry_id: Any, text: str, loaded_version: Any) -> tuple[str, int | None]:
+        """(message, the version now loaded). A stale edit is refused and the person's text is kept in the
+        editor (the UI does not touch it), with a diff against the current text to reapply it."""
+        try:
+            eid = self._entry_id(entry_id)
+            expected = int(loaded_version)
+        except (UserInputError, TypeError, ValueError):
+            return _err("open an entry before editing it"), None
+        if not (text or "").strip():
+            return _err("the text is empty; an entry needs a text (archive it to remove it)"), expected
+        try:
+            e = self.store.update_text(eid, text, expected_version=expected, actor="human")
+        except StaleWriteError as err:
+            current = self.store.get(eid)
+            d = self.store.diff(eid, expected, current.version) if expected in [v.version for v in self.store.history(eid)] else ""
+            return (_err(f"{err}. Your text is still in the editor, not saved. What changed meanwhile:") +
+                    f"\n\n```diff\n{d or '(status change only)'}\n```"), expected
+        except StoreError as err:
+            return _err(str(err)), expected
+        return _ok(f"saved entry {eid} as version {e.version}; a running trainer picks it up within seconds"), e.version
+
+    def set_entry_status(self, entry_id: Any, loaded_version: Any, status: str) -> tuple[str, int | None]:
+        try:
+            eid = self._entry_id(entry_id)
+            expected = int(loaded_version)
+        except (UserInputError, TypeError, ValueError):
+            return _err("open an entry first"), None
+        try:
+            changed = self.store.set_status([eid], Status(status), actor="human", expected_versions={eid: expected})
+        except StoreError as err:
+            return _err(str(err)), expected
+        now = self.store.get(eid).version
+        verb = "archived" if status == "archived" else "restored"
+        return (_ok(f"{verb} entry {eid} (version {now})") if changed else f"entry {eid} was already {status}"), now
+
+    def diff_versions(self, entry_id: Any, v_from: Any, v_to: Any) -> str:
+        try:
+            eid = self._entry_id(entry_id)
+            return views.diff_html(self.store.diff(eid, int(v_from), int(v_to)))
+        except (UserInputError, TypeError, ValueError):
+            return views.diff_html("", "choose an entry and two versions")
+        except StoreError as err:
+            return views.diff_html("", str(err))
+
+    def revert_entry(self, entry_id: Any, to_version: Any, loaded_version: Any) -> tuple[str, int | None]:
+        try:
+            eid = self._entry_id(entry_id)
+            expected, to_v = int(loaded_version), int(to_version)
+        except (UserInputError, TypeError, ValueError):
+            return _err("open an entry and choose the version to revert to"), None
+        try:
+            e = self.store.revert(eid, to_v, expected_version=expected, actor="human")
+        except StoreError as err:
+            return _err(str(err)), expected
+        return _ok(f"entry {eid} has the text of v{to_v} again, as version {e.version}"), e.version
+
+    def create_entry(self, title: str, description: str, content: str, env: str = "", task: str = "") -> tuple[str, int | None]:
+        if not (title or "").strip() or not (content or "").strip():
+            return _err("a new entry needs at least a title and a content"), None
+        text = format_entry_text(title, description or "", content)
+        eid = self.store.add_entries([NewEntry(text=text, env=(env or "").strip(), task=(task or "").strip(),
+                                               query=(task or "").strip(), source=Source.MANUAL)],
+                                     actor="human", note="written in the workbench")[0]
+        return _ok(f"created entry {eid} (source manual); it is embedded and searchable within seconds"), eid
+
+    # -- library: merge ----------------------------------------------------------------------------
+
+    def _merge_parents(self, ids_text: Any) -> list[Experience]:
+        ids = parse_ids(ids_text)
+        if len(ids) < 2:
+            raise UserInputError("a merge needs at least two entry ids")
+        found = self.store.get_many(ids)
+        missing = [i for i in ids if i not in found]
+        if missing:
+            raise UserInputError(f"no entry with id {missing[0]}")
+        archived = [i for i in ids if found[i].status is not Status.ACTIVE]
+        if archived:
+            raise UserInputError(f"entry {archived[0]} is archived; restore it before merging it")
+        return [found[i] for i in ids]
+
+    def propose_merge(self, ids_text: Any) -> tuple[str, str]:
+        """(proposed merged text, note). The extractor proposes when the trainer provides
+        `trainers.extractor.propose_merge(entries) -> str`; otherwise the parents' texts, joined, to edit."""
+        try:
+            parents = self._merge_parents(ids_text)
+        except UserInputError as e:
+            return "", _err(str(e))
+        try:
+            extractor = importlib.import_module("trainers.extractor")
+            propose = getattr(extractor, "propose_merge")
+        except Exception as e:
+            joined = "\n\n".join(p.text for p in parents)
+            return joined, (f"No extractor proposal here ({type(e).__name__}: {e}): these are the {len(parents)} parents' "
+                            "texts joined — edit them into one entry, then preview and accept.")
+        try:
+            text = propose(parents)
+        except Exception as e:  # the extractor's failure must not lose the person's work
+            return "\n\n".join(p.text for p in parents), _err(f"the extractor's proposal failed ({type(e).__name__}: {e}); "
+                                                              "the parents' texts are joined below to edit by hand")
+        return str(text), "Proposed by the extractor; edit as you like, then preview and accept."
+
+    def merge_preview(self, ids_text: Any, text: str) -> str:
+        try:
+            parents = self._merge_parents(ids_text)
+        except UserInputError as e:
+            return views.diff_html("", str(e))
+        import difflib
+
+        out = []
+        for p in parents:
+            d = "".join(difflib.unified_diff(p.text.splitlines(True), (text or "").splitlines(True), f"#{p.id} v{p.version}",
+                                             "merged"))
+            out.append(f"<div class='turn-head'>#{p.id} → merged</div>" + views.diff_html(d))
+        return "".join(out)
+
+    def accept_merge(self, ids_text: Any, text: str) -> tuple[str, int | None]:
+        try:
+            parents = self._merge_parents(ids_text)
+        except UserInputError as e:
+            return _err(str(e)), None
+        if not (text or "").strip():
+            return _err("write the merged text first (or get a proposal)"), None
+        try:
+            nid = merge.merge_entries(self.store, [p.id for p in parents], text, actor="human",
+                                      expected_versions={p.id: p.version for p in parents})
+        except StoreError as e:
+            return _err(str(e)), None
+        return _ok(f"merged {', '.join(f'#{p.id}' for p in parents)} into entry {nid}; the parents are archived "
+                   f"(undo restores them)"), nid
+
+    def undo_merge(self, merged_id: Any) -> str:
+        try:
+            mid = self._entry_id(merged_id)
+            parents = merge.undo_merge(self.store, mid, actor="human")
+        except (UserInputError, StoreError) as e:
+            return _err(str(e))
+        return _ok(f"undid merge {mid}: it is archived and {', '.join(f'#{p}' for p in parents)} are active again")
+
+    def duplicate_clusters(self, threshold: Any = 0.9, across_tasks: bool = False) -> tuple[pd.DataFrame, str]:
+        try:
+            th = float(threshold)
+        except (TypeError, ValueError):
+            return views.clusters_table([], {}), _err("the threshold is a cosine similarity, e.g. 0.9")
+        if not -1.0 <= th <= 1.0:
+            return views.clusters_table([], {}), _err("the threshold is a cosine similarity within [-1, 1]")
+        self.manager().sync()  # embeds entries that have no text embedding yet
+        clusters = merge.find_near_duplicates(self.store, threshold=th, across_tasks=bool(across_tasks))
+        entries = self.store.get_many([i for c in clusters[:200] for i in c])
+        return (views.clusters_table(clusters[:200], entries),
+                f"{len(clusters)} near-duplicate clusters at cosine ≥ {th}" + (" (first 200 shown)" if len(clusters) > 200 else ""))
+
+    def cluster_ids(self, table: pd.DataFrame | None, row: Any) -> str:
+        """The ids of one row of the near-duplicate table, for the merge box."""
+        try:
+            return str(table.iloc[int(row)]["ids"])
+        except (AttributeError, IndexError, KeyError, TypeError, ValueError):
+            return ""
+
+    # -- library: import / export -----------------------------------------------------------------
+
+    def import_file(self, path: str | None, fresh_ids: bool = True) -> str:
+        if not path:
+            return _err("choose a JSONL file to import")
+        p = Path(path)
+        if not p.is_file():
+            return _err(f"the uploaded file {p.name} is gone; upload it again")
+        size = p.stat().st_size
+        if size > self.upload_cap_bytes:
+            return _err(f"{p.name} is {size / 1e6:.1f} MB, over the upload cap of {self.upload_cap_bytes / 1e6:.1f} MB; "
+                        "split it or import it with `comprl library import`")
+        try:
+            rep = library_io.import_library(self.store, p, keep_ids=not fresh_ids)
+        except library_io.LibraryFileError as e:
+            msg = str(e).replace(str(p), p.name)
+            return _err(msg)
+        return _ok(f"imported {rep.imported} entries (library version {self.store.library_version()})")
+
+    def export_library(self, status: str | None = None) -> tuple[str | None, str]:
+        status = None if status in (None, "", "all") else status
+        path = self.data_dir / "exports" / f"library-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}.jsonl"
+        n = library_io.export_library(self.store, path, status=status)
+        return str(path), _ok(f"exported {n} entries")
+
+    # -- A/B tests ---------------------------------------------------------------------------------
+
+    def _arm(self, kind: str, arg: str, file_path: str | None, label: str) -> dict[str, Any]:
+        if kind not in ARM_KINDS:
+            raise UserInputError(f"arm {label}: kind must be one of {', '.join(ARM_KINDS)}")
+        arm: dict[str, Any] = {"kind": kind}
+        if kind == "version":
+            try:
+                v = int(str(arg).strip())
+            except ValueError:
+                raise UserInputError(f"arm {label}: give the library version as a number") from None
+            current = self.store.library_version()
+            if not 0 <= v <= current:
+                raise UserInputError(f"arm {label}: library version {v} does not exist (the library is at {current})")
+            arm["version"] = v
+        elif kind == "file":
+            if not file_path or not Path(file_path).is_file():
+                raise UserInputError(f"arm {label}: upload an exported library file (JSONL)")
+            src = Path(file_path)
+            if src.stat().st_size > self.upload_cap_bytes:
+                raise UserInputError(f"arm {label}: {src.name} is over the upload cap of {self.upload_cap_bytes / 1e6:.1f} MB")
+            try:
+                library_io.parse_library_lines(src.read_text(encoding="utf-8").splitlines())
+            except library_io.LibraryFileError as e:
+                raise UserInputError(f"arm {label}: {src.name}: {e}") from None
+            except UnicodeDecodeError:
+                raise UserInputError(f"arm {label}: {src.name} is not UTF-8 text") from None
+            dest = self.data_dir / "ab" / f"arm-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}-{label}.jsonl"
+            shutil.copyfile(src, dest)
+            arm["path"] = str(dest)
+        elif kind in ("minus", "plus"):
+            ids = parse_ids(arg)
+            if not ids:
+                raise UserInputError(f"arm {label}: name the entries to {'leave out' if kind == 'minus' else 'add'} by id")
+            found = self.store.get_many(ids)
+            missing = [i for i in ids if i not in found]
+            if missing:
+                raise UserInputError(f"arm {label}: no entry with id {missing[0]}")
+            arm["ids"] = ids
+        return arm
+
+    def create_ab_test(self, name: str, env: str, seeds: str, checkpoint: str, max_turns: Any,
+                       a_kind: str, a_arg: str, a_file: str | None, b_kind: str, b_arg: str, b_file: str | None) -> tuple[str, int | None]:
+        from envs.registry import list_envs
+
+        try:
+            if not (name or "").strip():
+                raise UserInputError("give the test a name")
+            if env not in list_envs():
+                raise UserInputError(f"unknown env {env!r}; choose one of {', '.join(list_envs())}")
+            seed_list = parse_seeds(seeds)
+            ckpt = (checkpoint or "").strip()
+            if ckpt and not Path(ckpt).is_dir():
+                raise UserInputError(f"checkpoint {ckpt!r} is not a model folder; leave it empty for the default policy")
+            mt: int | None = None
+            if max_turns not in (None, "", 0):
+                try:
+                    mt = int(max_turns)
+                except (TypeError, ValueError):
+                    raise UserInputError("max turns must be a whole number (or empty for the env's limit)") from None
+                if mt < 1:
+                    raise UserInputError("max turns must be at least 1")
+            arms = {"A": self._arm(a_kind, a_arg, a_file, "A"), "B": self._arm(b_kind, b_arg, b_file, "B")}
+            if arms["A"] == arms["B"]:
+                raise UserInputError("the two arms are the same library; change one of them")
+        except UserInputError as e:
+            return _err(str(e)), None
+        ok, why = trainer_available()
+        if not ok:
+            return _err(f"cannot run the evaluation: {why}"), None
+        config = {"env": env, "seeds": seed_list, "checkpoint": ckpt, "max_turns": mt, "arms": arms}
+        ab_id = self.store.create_ab_test(name.strip(), config)
+        launched = self._spawn("ab", ["eval", "--ab-test", str(ab_id)], f"ab-{ab_id}.log", ab_id=ab_id)
+        # The brief's place for the log: <data-dir>/ab/<id>.log (a link to the file being written).
+        link = self.data_dir / "ab" / f"{ab_id}.log"
+        if not link.exists():
+            try:
+                link.symlink_to(launched.log_path)
+            except OSError:
+                pass
+        return _ok(f"A/B test {ab_id} started: {len(seed_list)} episodes per arm (process {launched.proc.pid})"), ab_id
+
+    def ab_tests_table(self) -> pd.DataFrame:
+        self.reap_processes()
+        return views.ab_tests_table(self.store.list_ab_tests())
+
+    def ab_choices(self) -> list[tuple[str, int]]:
+        return [(f"#{t['id']} {t['name']} ({t['status']})", t["id"]) for t in self.store.list_ab_tests()]
+
+    def ab_details(self, ab_id: Any) -> tuple[str, str, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+        """(summary, progress bar, results per arm, per task, episodes)."""
+        empty = (views.ab_results_table({}), views.ab_per_task_table({}), views.episodes_table([]))
+        try:
+            t = self.store.get_ab_test(int(ab_id))
+        except (TypeError, ValueError):
+            return "choose an A/B test", "", *empty
+        except StoreError as e:
+            return _err(str(e)), "", *empty
+        self.reap_processes()
+        t = self.store.get_ab_test(int(ab_id))
+        eps = self.store.list_trajectories(ab_test_id=t["id"], limit=500)
+        return (views.ab_summary_md(t), views.progress_bar_html(t["progress"], t["status"]),
+                views.ab_results_table(t["results"]), views.ab_per_task_table(t["results"]), views.episodes_table(eps))
+
+    def ab_log_tail(self, ab_id: Any, lines: int = 40) -> str:
+        try:
+            aid = int(ab_id)
+        except (TypeError, ValueError):
+            return ""
+        path = self.data_dir / "ab" / f"{aid}.log"
+        return _tail(path, lines) if path.exists() else ""
+
+    # -- episodes: replay and live play ----------------------------------------------------------------
+
+    def episodes(self, run_id: Any = None, ab_id: Any = None, limit: int = 200) -> pd.DataFrame:
+        def as_int(x: Any) -> int | None:
+            try:
+                return int(x) if x not in (None, "") else None
+            except (TypeError, ValueError):
+                return None
+
+        return views.episodes_table(self.store.list_trajectories(run_id=as_int(run_id), ab_test_id=as_int(ab_id), limit=limit))
+
+    def replay(self, traj_id: Any) -> str:
+        try:
+            t = self.store.get_trajectory(int(str(traj_id).strip().lstrip("#")))
+        except (TypeError, ValueError):
+            return "<em>give an episode id from the table</em>"
+        except NotFoundError as e:
+            return f"<div class='comprl-error'>{html.escape(str(e))}</div>"
+        return views.trajectory_html(t)
+
+    def envs(self) -> list[str]:
+        from envs.registry import list_envs
+
+        return list_envs()
+
+    def policy_status(self) -> str:
+        try:
+            importlib.import_module("trainers.rollout").EpisodePlayer  # noqa: B018
+        except Exception as e:
+            return (f"Live policy play needs the trainer (`trainers.rollout.EpisodePlayer` is not importable here: "
+                    f"{type(e).__name__}: {e}). Watch the scripted expert instead, or replay stored episodes.")
+        return "Live policy play is available."
+
+    def _retrieved_for(self, env_name: str, task: str) -> tuple[str, str]:
+        m = self.manager()
+        m.sync()
+        hits = m.search_sync([task], k=1, task=env_name)[0]
+        if not hits:
+            return "", "the library has no entry for this env"
+        return hits[0].text, f"entry #{hits[0].entry_id}, similarity {hits[0].score:.2f} (the expert does not read it)"
+
+    def demo_start(self, token: str | None, mode: str, env_name: str, seed: Any, checkpoint: str = "",
+                   library: str = "current") -> tuple[str, str, str]:
+        """(session token, episode HTML, status). mode: 'expert' or 'policy'."""
+        with self._sessions_lock:
+            old = self._plays.pop(token, None) if token else None
+        if old is not None:
+            old.player.close()
+        try:
+            seed_i = int(seed)
+        except (TypeError, ValueError):
+            return token or "", views.live_episode_html([]), _err("the task seed must be a whole number")
+        if env_name not in self.envs():
+            return token or "", views.live_episode_html([]), _err(f"unknown env {env_name!r}")
+        use_library = library != "none"
+        try:
+            if mode == "policy":
+                try:
+                    rollout = importlib.import_module("trainers.rollout")
+                    player_cls = rollout.EpisodePlayer
+                except Exception:
+                    return token or "", views.live_episode_html([]), _err(self.policy_status())
+                ckpt = (checkpoint or "").strip()
+                if ckpt and not Path(ckpt).is_dir():
+                    return token or "", views.live_episode_html([]), _err(f"checkpoint {ckpt!r} is not a model folder")
+                player = player_cls(env_name, seed_i, data_dir=str(self.data_dir), db_url=self.db_url, checkpoint=ckpt,
+                                    use_library=use_library)
+                play = _Play(player, "policy")
+            else:
+                player = ExpertPlayer(env_name, seed_i)
+                play = _Play(player, "expert")
+            first = play.player.reset()
+            if mode != "policy" and use_library:
+                task = getattr(player.env, "task", "")
+                play.experience, play.note = self._retrieved_for(env_name, task) if task else ("", "")
+                player.experience = play.experience
+                first["experience"] = play.experience
+            elif mode == "policy":
+                play.experience = first.get("experience", "")
+            play.turns.append(first)
+        except Exception as e:  # an env that cannot start here (missing data, Docker) says why
+            return token or "", views.live_episode_html([]), _err(f"could not start {env_name}: {type(e).__name__}: {e}")
+        token, _ = self._session(self._plays, None, lambda: play)
+        who = "the scripted expert" if mode != "policy" else "the policy"
+        return token, views.live_episode_html(play.turns, play.experience, play.note), f"{who} on {env_name}, seed {seed_i}: ready"
+
+    def demo_step(self, token: str | None) -> tuple[str, str, bool]:
+        """(episode HTML, status, done): one more turn of the session's episode."""
+        with self._sessions_lock:
+            play = self._plays.get(token or "")
+        if play is None:
+            return views.live_episode_html([]), "start an episode first", True
+        with play.lock:
+            if play.done:
+                return views.live_episode_html(play.turns, play.experience, play.note), _episode_status(play), True
+            try:
+                turn = play.player.step()
+            except Exception as e:
+                return (views.live_episode_html(play.turns, play.experience, play.note),
+                        _err(f"the episode stopped: {type(e).__name__}: {e}"), True)
+            play.turns.append(turn)
+            if play.mode == "policy" and turn.get("experience") and not play.experience:
+                play.experience = turn["experience"]
+            return views.live_episode_html(play.turns, play.experience, play.note), _episode_status(play), play.done
+
+
+def _episode_status(play: _Play) -> str:
+    last = play.turns[-1]
+    if last.get("done"):
+        return f"episode over after {last['turn']} turns: {'success' if last.get('success') else 'failure'}"
+    return f"turn {last['turn']}"
+
+
+def _tail(path: Path, lines: int) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - LOG_TAIL_BYTES))
+            data = f.read().decode("utf-8", errors="replace")
+    except OSError as e:
+        return f"cannot read {path}: {e}"
+    return "\n".join(data.splitlines()[-lines:])
+
+
+def _redact(url: str) -> str:
+    """Hide a password in a database URL shown on screen."""
+    return re.sub(r"://([^:/@]+):[^@]+@", r"://\1:***@", url)
+
+

@@ -1,0 +1,413 @@
+"""The Gradio Blocks of the workbench: layout and wiring only (DESIGN.md habit 7).
+
+Every callback is one line into `app.service.Workbench`; the few helpers here only translate
+between service values and Gradio updates (a `None` figure becomes `gr.skip()`, a dict of entry
+fields becomes the panel's outputs). Element ids (`elem_id`) are stable: the browser tests and the
+screenshot script find components by them.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import gradio as gr
+from gradio.components.plot import PlotData
+
+from app import views
+from app.service import ARM_KINDS, Workbench
+from core.store import SORTABLE
+
+CURVE_REFRESH_S = 1.0
+TABLE_REFRESH_S = 2.0
+PLAY_INTERVAL_S = 0.4
+
+
+def _plot(fig_json: str | None) -> Any:
+    return gr.skip() if fig_json is None else PlotData(type="plotly", plot=fig_json)
+
+
+def _curves_out(result: tuple[str, list[str | None], str]) -> tuple:
+    token, figs, status = result
+    return (token, status, *[_plot(f) for f in figs])
+
+
+def _choices(new: list[tuple[str, int]], old: list | None) -> tuple:
+    """Update a dropdown's choices only when they changed (an open menu is not disturbed every tick)."""
+    new = [list(c) for c in new]
+    if new == old:
+        return gr.skip(), old
+    return gr.update(choices=[tuple(c) for c in new]), new
+
+
+def _entry_out(d: dict[str, Any], with_text: bool) -> tuple:
+    if d.get("error"):
+        n = 10 if with_text else 8
+        return (d["error"], *[gr.skip()] * (n - 1))
+    versions = d["versions"]
+    vdrop = gr.update(choices=versions, value=versions[-1])
+    vfrom = gr.update(choices=versions, value=versions[-2] if len(versions) > 1 else versions[-1])
+    head = (f"entry #{d['id']} loaded at version {d['version']} ({d['status']})", d["meta"])
+    tail = (d["lineage"], d["usage"], d["history"], vfrom, vdrop, gr.update(choices=versions, value=versions[0]))
+    if with_text:
+        return (*head, d["text"], d["version"], *tail)
+    return (*head, *tail)
+
+
+def _row_first_cell(evt: gr.SelectData) -> Any:
+    row = evt.row_value
+    return row[0] if row else gr.skip()
+
+
+def _play_tick(result: tuple[str, str, bool]) -> tuple:
+    html_, status, done = result
+    return html_, status, gr.Timer(active=not done)
+
+
+def build(wb: Workbench) -> gr.Blocks:
+    envs = wb.envs()
+    facets = wb.library_facets()
+    with gr.Blocks(title="Complementary RL workbench", analytics_enabled=False) as demo:
+        header = gr.Markdown(wb.overview_md(), elem_id="overview")
+        table_timer = gr.Timer(TABLE_REFRESH_S)
+        with gr.Tabs():
+            # ---------------------------------------------------------------- Runs
+            with gr.Tab("Runs", id="runs", elem_id="tab-runs"):
+                runs_df = gr.Dataframe(value=wb.runs_table(), interactive=False, elem_id="runs-table", label="runs",
+                                       max_height=320, wrap=True)
+                with gr.Row():
+                    run_id = gr.Number(label="run id", precision=0, elem_id="run-id", scale=1)
+                    pause_btn = gr.Button("Pause", elem_id="run-pause", scale=1)
+                    resume_btn = gr.Button("Resume", elem_id="run-resume", scale=1)
+                    stop_btn = gr.Button("Stop", elem_id="run-stop", variant="stop", scale=1)
+                    fork_steps = gr.Number(label="fork: max steps (empty: the config's)", precision=0, scale=1)
+                    fork_btn = gr.Button("Fork from checkpoint", elem_id="run-fork", scale=1)
+                run_msg = gr.Markdown(elem_id="run-msg")
+                run_log = gr.Textbox(label="log tail", lines=12, max_lines=12, elem_id="run-log", autoscroll=True,
+                                     interactive=False)
+                with gr.Accordion("Launch a run", open=True):
+                    with gr.Row():
+                        cfg_choice = gr.Dropdown(choices=wb.shipped_configs(), label="shipped config", elem_id="config-choice",
+                                                 value=None, scale=2)
+                        launch_steps = gr.Number(label="max steps (empty: the config's)", precision=0, elem_id="launch-steps",
+                                                 scale=1)
+                    with gr.Row():
+                        cfg_editor = gr.Code(language="yaml", lines=18, max_lines=30, interactive=True,
+                                             label="config (YAML; edit freely, it is checked before launch)",
+                                             elem_id="config-editor", scale=3)
+                        with gr.Column(scale=2):
+                            cfg_msg = gr.Markdown(elem_id="config-msg")
+                            validate_btn = gr.Button("Check config", elem_id="config-check")
+                            launch_btn = gr.Button("Launch", variant="primary", elem_id="config-launch")
+                            launch_log = gr.Textbox(label="newest launched process", lines=8, max_lines=8,
+                                                    interactive=False, elem_id="launch-log")
+
+            # ---------------------------------------------------------------- Live curves
+            with gr.Tab("Live curves", id="curves", elem_id="tab-curves"):
+                curve_token = gr.State(None)
+                curve_choices = gr.State(None)
+                with gr.Row():
+                    curve_runs = gr.Dropdown(choices=wb.run_choices(), multiselect=True, label="runs (overlaid)",
+                                             elem_id="curve-runs", scale=3)
+                    smoothing = gr.Slider(0.0, 0.99, value=0.6, step=0.01, label="smoothing (EMA; raw series faint behind)",
+                                          elem_id="curve-smoothing", scale=2)
+                    x_axis = gr.Radio(["step", "time"], value="step", label="x axis", elem_id="curve-xaxis", scale=1)
+                curve_status = gr.Markdown(elem_id="curve-status")
+                plots = []
+                panels = list(views.PANELS)
+                for i in range(0, len(panels), 2):
+                    with gr.Row():
+                        for p in panels[i:i + 2]:
+                            plots.append(gr.Plot(elem_id=f"curve-{p.id}", show_label=False))
+                curve_timer = gr.Timer(CURVE_REFRESH_S)
+
+            # ---------------------------------------------------------------- Library
+            with gr.Tab("Library", id="library", elem_id="tab-library"):
+                with gr.Row():
+                    f_env = gr.Dropdown(choices=[""] + facets["env"], value="", label="env", allow_custom_value=True,
+                                        elem_id="lib-env", scale=2)
+                    f_source = gr.Dropdown(choices=["", "extracted", "merged", "manual", "imported"], value="",
+                                           label="source", elem_id="lib-source", scale=1)
+                    f_status = gr.Dropdown(choices=["active", "archived", "all"], value="active", label="status",
+                                           elem_id="lib-status", scale=1)
+                    f_text = gr.Textbox(label="text filter (entry text or task)", elem_id="lib-text", scale=2)
+                    f_sort = gr.Dropdown(choices=sorted(SORTABLE), value="id", label="sort by", elem_id="lib-sort", scale=1)
+                    f_desc = gr.Checkbox(label="descending", value=False, elem_id="lib-desc", scale=1)
+                with gr.Row():
+                    prev_btn = gr.Button("◀ previous", elem_id="lib-prev", scale=1)
+                    f_page = gr.Number(value=1, precision=0, label="page", elem_id="lib-page", scale=1)
+                    next_btn = gr.Button("next ▶", elem_id="lib-next", scale=1)
+                    f_size = gr.Dropdown(choices=[25, 50, 100, 200], value=50, label="page size", elem_id="lib-size", scale=1)
+                    refresh_btn = gr.Button("Refresh", elem_id="lib-refresh", scale=1)
+                    page_md = gr.Markdown(elem_id="lib-pageinfo")
+                first_df, first_info = wb.library_page()
+                lib_df = gr.Dataframe(value=first_df, interactive=False, elem_id="library-table", max_height=420, wrap=True,
+                                      label="entries (click a row to open it)")
+                with gr.Row():
+                    q_text = gr.Textbox(label="semantic search (the actor's embedder and index)", elem_id="lib-search", scale=4)
+                    q_k = gr.Number(value=20, precision=0, label="results", scale=1)
+                    q_btn = gr.Button("Search", elem_id="lib-search-btn", scale=1)
+                q_md = gr.Markdown()
+                q_df = gr.Dataframe(interactive=False, elem_id="search-table", max_height=300, wrap=True,
+                                    label="search results (click a row to open it)")
+
+                gr.Markdown("### Entry")
+                with gr.Row():
+                    e_id = gr.Number(label="entry id", precision=0, elem_id="entry-id", scale=1)
+                    e_open = gr.Button("Open", elem_id="entry-open", scale=1)
+                    e_version = gr.Number(label="editing version", precision=0, interactive=False, elem_id="entry-version",
+                                          scale=1)
+                    e_loaded = gr.Markdown(elem_id="entry-loaded")
+                e_meta = gr.Markdown(elem_id="entry-meta")
+                with gr.Row():
+                    with gr.Column(scale=3):
+                        e_text = gr.Textbox(label="text", lines=10, max_lines=30, elem_id="entry-text", interactive=True)
+                        with gr.Row():
+                            e_save = gr.Button("Save edit", variant="primary", elem_id="entry-save")
+                            e_archive = gr.Button("Archive", elem_id="entry-archive")
+                            e_restore = gr.Button("Restore", elem_id="entry-restore")
+                            e_to_merge = gr.Button("Add to merge selection", elem_id="entry-to-merge")
+                        e_msg = gr.Markdown(elem_id="entry-msg")
+                    with gr.Column(scale=2):
+                        e_lineage = gr.Markdown(elem_id="entry-lineage")
+                        e_usage = gr.Dataframe(interactive=False, label="retrieved by (episodes and outcomes)",
+                                               elem_id="entry-usage", max_height=220)
+                e_history = gr.Dataframe(interactive=False, label="version history", elem_id="entry-history", max_height=260)
+                with gr.Row():
+                    v_from = gr.Dropdown(label="diff from version", choices=[], elem_id="diff-from", scale=1)
+                    v_to = gr.Dropdown(label="to version", choices=[], elem_id="diff-to", scale=1)
+                    diff_btn = gr.Button("Diff", elem_id="diff-btn", scale=1)
+                    v_revert = gr.Dropdown(label="revert to version", choices=[], elem_id="revert-version", scale=1)
+                    revert_btn = gr.Button("Revert", elem_id="revert-btn", scale=1)
+                diff_html = gr.HTML(elem_id="diff-view")
+
+                with gr.Accordion("Create an entry by hand", open=False):
+                    with gr.Row():
+                        c_title = gr.Textbox(label="title", elem_id="new-title")
+                        c_env = gr.Dropdown(choices=[""] + envs, value="", label="env", allow_custom_value=True,
+                                            elem_id="new-env")
+                    c_desc = gr.Textbox(label="description (when it applies)", elem_id="new-desc")
+                    c_content = gr.Textbox(label="content (what to do)", lines=4, elem_id="new-content")
+                    c_task = gr.Textbox(label="task text it is keyed by (the retrieval query; empty: none)", elem_id="new-task")
+                    c_btn = gr.Button("Create", elem_id="new-create")
+                    c_msg = gr.Markdown(elem_id="new-msg")
+
+                with gr.Accordion("Merge entries", open=False, elem_id="merge-box"):
+                    with gr.Row():
+                        m_ids = gr.Textbox(label="entry ids to merge (comma separated)", elem_id="merge-ids", scale=3)
+                        m_propose = gr.Button("Propose merged text", elem_id="merge-propose", scale=1)
+                    m_note = gr.Markdown(elem_id="merge-note")
+                    m_text = gr.Textbox(label="merged text", lines=8, elem_id="merge-text")
+                    with gr.Row():
+                        m_preview = gr.Button("Preview diff", elem_id="merge-preview")
+                        m_accept = gr.Button("Accept merge", variant="primary", elem_id="merge-accept")
+                    m_msg = gr.Markdown(elem_id="merge-msg")
+                    m_diff = gr.HTML(elem_id="merge-diff")
+                    with gr.Row():
+                        m_undo_id = gr.Number(label="merged entry id", precision=0, elem_id="merge-undo-id")
+                        m_undo = gr.Button("Undo merge", elem_id="merge-undo")
+                    gr.Markdown("**Near-duplicate review queue** (clusters of entries whose texts are nearly the same; "
+                                "click a cluster to put its ids in the merge box)")
+                    with gr.Row():
+                        d_threshold = gr.Slider(0.5, 1.0, value=0.9, step=0.01, label="cosine threshold", elem_id="dup-threshold")
+                        d_across = gr.Checkbox(label="across tasks", value=False)
+                        d_btn = gr.Button("Find near-duplicates", elem_id="dup-find")
+                    d_msg = gr.Markdown(elem_id="dup-msg")
+                    d_df = gr.Dataframe(interactive=False, elem_id="dup-table", max_height=300, wrap=True)
+
+                with gr.Accordion("Import / export (JSONL)", open=False, elem_id="io-box"):
+                    with gr.Row():
+                        i_file = gr.File(label=f"library file to import (≤ {wb.upload_cap_bytes / 1e6:.0f} MB)",
+                                         file_types=[".jsonl", ".json", ".txt"], elem_id="import-file")
+                        with gr.Column():
+                            i_fresh = gr.Checkbox(label="give imported entries fresh ids", value=True, elem_id="import-fresh")
+                            i_btn = gr.Button("Import (all lines or none)", elem_id="import-btn")
+                            i_msg = gr.Markdown(elem_id="import-msg")
+                    with gr.Row():
+                        x_status = gr.Dropdown(choices=["all", "active", "archived"], value="all", label="export entries")
+                        x_btn = gr.Button("Export", elem_id="export-btn")
+                        x_file = gr.File(label="exported file", interactive=False, elem_id="export-file")
+                        x_msg = gr.Markdown(elem_id="export-msg")
+
+            # ---------------------------------------------------------------- A/B tests
+            with gr.Tab("A/B tests", id="ab", elem_id="tab-ab"):
+                with gr.Row():
+                    ab_name = gr.Textbox(label="name", elem_id="ab-name")
+                    ab_env = gr.Dropdown(choices=envs, value=envs[0] if envs else None, label="env", elem_id="ab-env")
+                    ab_seeds = gr.Textbox(label="task seeds (held out)", value="1000-1019", elem_id="ab-seeds")
+                    ab_ckpt = gr.Textbox(label="policy checkpoint folder (empty: default policy)", elem_id="ab-ckpt")
+                    ab_turns = gr.Number(label="max turns (empty: env's)", precision=0, elem_id="ab-turns")
+                with gr.Row():
+                    with gr.Column():
+                        a_kind = gr.Radio(list(ARM_KINDS), value="current", label="arm A library", elem_id="ab-a-kind")
+                        a_arg = gr.Textbox(label="A: version number, or entry ids for minus/plus", elem_id="ab-a-arg")
+                        a_file = gr.File(label="A: library file (kind 'file')", file_types=[".jsonl"], elem_id="ab-a-file")
+                    with gr.Column():
+                        b_kind = gr.Radio(list(ARM_KINDS), value="none", label="arm B library", elem_id="ab-b-kind")
+                        b_arg = gr.Textbox(label="B: version number, or entry ids for minus/plus", elem_id="ab-b-arg")
+                        b_file = gr.File(label="B: library file (kind 'file')", file_types=[".jsonl"], elem_id="ab-b-file")
+                ab_create = gr.Button("Run A/B test", variant="primary", elem_id="ab-create")
+                ab_msg = gr.Markdown(elem_id="ab-msg")
+                ab_df = gr.Dataframe(value=wb.ab_tests_table(), interactive=False, elem_id="ab-table", max_height=260,
+                                     label="A/B tests (click one to open it)")
+                with gr.Row():
+                    ab_id = gr.Number(label="A/B test id", precision=0, elem_id="ab-id")
+                    ab_open = gr.Button("Open", elem_id="ab-open")
+                ab_progress = gr.HTML(elem_id="ab-progress")
+                ab_summary = gr.Markdown(elem_id="ab-summary")
+                ab_results = gr.Dataframe(interactive=False, label="success per arm (Wilson 95% intervals)",
+                                          elem_id="ab-results")
+                ab_tasks = gr.Dataframe(interactive=False, label="per task", elem_id="ab-tasks", max_height=260)
+                ab_eps = gr.Dataframe(interactive=False, label="episodes (click one to replay it)", elem_id="ab-episodes",
+                                      max_height=260)
+                ab_episode = gr.HTML(elem_id="ab-episode")
+                ab_log = gr.Textbox(label="evaluation log", lines=6, max_lines=6, interactive=False, elem_id="ab-log")
+
+            # ---------------------------------------------------------------- Agent demo
+            with gr.Tab("Agent demo", id="demo", elem_id="tab-demo"):
+                gr.Markdown(wb.policy_status(), elem_id="demo-policy-status")
+                demo_token = gr.State(None)
+                with gr.Row():
+                    d_mode = gr.Radio([("scripted expert", "expert"), ("policy", "policy")], value="expert", label="who plays",
+                                      elem_id="demo-mode")
+                    d_env = gr.Dropdown(choices=envs, value="minihack/Room-5x5" if "minihack/Room-5x5" in envs else None,
+                                        label="env", elem_id="demo-env")
+                    d_seed = gr.Number(value=0, precision=0, label="task seed", elem_id="demo-seed")
+                    d_ckpt = gr.Textbox(label="policy checkpoint (empty: default)", elem_id="demo-ckpt")
+                    d_lib = gr.Radio(["current", "none"], value="current", label="library", elem_id="demo-lib")
+                with gr.Row():
+                    d_start = gr.Button("Start", variant="primary", elem_id="demo-start")
+                    d_step = gr.Button("Step", elem_id="demo-step")
+                    d_play = gr.Button("Play", elem_id="demo-play")
+                    d_pause = gr.Button("Pause", elem_id="demo-pause")
+                d_status = gr.Markdown(elem_id="demo-status")
+                d_html = gr.HTML(views.live_episode_html([]), elem_id="demo-episode")
+                play_timer = gr.Timer(PLAY_INTERVAL_S, active=False)
+                with gr.Accordion("Replay a stored episode", open=False, elem_id="replay-box"):
+                    with gr.Row():
+                        r_run = gr.Number(label="run id (empty: any)", precision=0, elem_id="replay-run")
+                        r_ab = gr.Number(label="A/B test id (empty: any)", precision=0, elem_id="replay-ab")
+                        r_list = gr.Button("List episodes", elem_id="replay-list")
+                    r_df = gr.Dataframe(interactive=False, elem_id="replay-table", max_height=260,
+                                        label="episodes (click one to replay it)")
+                    with gr.Row():
+                        r_id = gr.Number(label="episode id", precision=0, elem_id="replay-id")
+                        r_btn = gr.Button("Replay", elem_id="replay-btn")
+                    r_html = gr.HTML(elem_id="replay-episode")
+
+        # ======================================================================== wiring
+        hidden = "hidden"
+        # Runs
+        table_timer.tick(lambda: (wb.runs_table(), wb.overview_md()), outputs=[runs_df, header], show_progress=hidden)
+        table_timer.tick(lambda rid: wb.log_tail(rid) if rid else gr.skip(), inputs=run_id, outputs=run_log,
+                         show_progress=hidden)
+        table_timer.tick(lambda: wb.launch_log_tail(), outputs=launch_log, show_progress=hidden)
+        runs_df.select(_row_first_cell, outputs=run_id).then(lambda rid: wb.log_tail(rid), inputs=run_id, outputs=run_log)
+        run_id.submit(lambda rid: wb.log_tail(rid), inputs=run_id, outputs=run_log)
+        pause_btn.click(lambda rid: wb.run_command(rid, "pause"), inputs=run_id, outputs=run_msg)
+        resume_btn.click(lambda rid: wb.run_command(rid, "resume"), inputs=run_id, outputs=run_msg)
+        stop_btn.click(lambda rid: wb.run_command(rid, "stop"), inputs=run_id, outputs=run_msg)
+        fork_btn.click(lambda rid, n: wb.fork_run(rid, n), inputs=[run_id, fork_steps], outputs=run_msg)
+        cfg_choice.change(lambda name: wb.config_text(name), inputs=cfg_choice, outputs=cfg_editor)
+        validate_btn.click(lambda text: wb.validate_config(text), inputs=cfg_editor, outputs=cfg_msg)
+        launch_btn.click(lambda text, n: wb.launch_run(text, n), inputs=[cfg_editor, launch_steps], outputs=cfg_msg)
+
+        # Live curves
+        curve_inputs = [curve_token, curve_runs, smoothing, x_axis]
+        curve_outputs = [curve_token, curve_status, *plots]
+        curve_timer.tick(lambda *a: _curves_out(wb.refresh_curves(*a)), inputs=curve_inputs, outputs=curve_outputs,
+                         show_progress=hidden, concurrency_limit=8)
+        for comp in (curve_runs, smoothing, x_axis):
+            comp.change(lambda *a: _curves_out(wb.refresh_curves(*a)), inputs=curve_inputs, outputs=curve_outputs,
+                        show_progress=hidden)
+        table_timer.tick(lambda old: _choices(wb.run_choices(), old), inputs=curve_choices,
+                         outputs=[curve_runs, curve_choices], show_progress=hidden)
+
+        # Library table
+        page_inputs = [f_env, f_source, f_status, f_text, f_sort, f_desc, f_page, f_size]
+        for ev in (refresh_btn.click, f_text.submit, f_env.change, f_source.change, f_status.change, f_sort.change,
+                   f_desc.change, f_size.change, f_page.submit):
+            ev(lambda *a: wb.library_page(*a), inputs=page_inputs, outputs=[lib_df, page_md])
+        prev_btn.click(lambda p: max(1, int(p or 1) - 1), inputs=f_page, outputs=f_page).then(
+            lambda *a: wb.library_page(*a), inputs=page_inputs, outputs=[lib_df, page_md])
+        next_btn.click(lambda p: int(p or 1) + 1, inputs=f_page, outputs=f_page).then(
+            lambda *a: wb.library_page(*a), inputs=page_inputs, outputs=[lib_df, page_md])
+        q_btn.click(lambda q, env, k: wb.semantic_search(q, env, k), inputs=[q_text, f_env, q_k], outputs=[q_df, q_md])
+        q_text.submit(lambda q, env, k: wb.semantic_search(q, env, k), inputs=[q_text, f_env, q_k], outputs=[q_df, q_md])
+
+        # One entry
+        full_outputs = [e_loaded, e_meta, e_text, e_version, e_lineage, e_usage, e_history, v_from, v_to, v_revert]
+        panel_outputs = [e_loaded, e_meta, e_lineage, e_usage, e_history, v_from, v_to, v_revert]
+
+        def open_full(eid: Any) -> tuple:
+            return _entry_out(wb.open_entry(eid), with_text=True)
+
+        def refresh_panel(eid: Any) -> tuple:
+            return _entry_out(wb.open_entry(eid), with_text=False)
+
+        e_open.click(open_full, inputs=e_id, outputs=full_outputs)
+        e_id.submit(open_full, inputs=e_id, outputs=full_outputs)
+        for table in (lib_df, q_df):
+            table.select(_row_first_cell, outputs=e_id).then(open_full, inputs=e_id, outputs=full_outputs)
+        e_save.click(lambda i, t, v: wb.save_entry(i, t, v), inputs=[e_id, e_text, e_version], outputs=[e_msg, e_version]
+                     ).then(refresh_panel, inputs=e_id, outputs=panel_outputs)
+        e_archive.click(lambda i, v: wb.set_entry_status(i, v, "archived"), inputs=[e_id, e_version],
+                        outputs=[e_msg, e_version]).then(refresh_panel, inputs=e_id, outputs=panel_outputs)
+        e_restore.click(lambda i, v: wb.set_entry_status(i, v, "active"), inputs=[e_id, e_version],
+                        outputs=[e_msg, e_version]).then(refresh_panel, inputs=e_id, outputs=panel_outputs)
+        diff_btn.click(lambda i, a, b: wb.diff_versions(i, a, b), inputs=[e_id, v_from, v_to], outputs=diff_html)
+        revert_btn.click(lambda i, to, v: wb.revert_entry(i, to, v), inputs=[e_id, v_revert, e_version],
+                         outputs=[e_msg, e_version]).then(open_full, inputs=e_id, outputs=full_outputs)
+        e_to_merge.click(lambda ids, i: f"{ids}, {int(i)}".strip(", ") if i else ids, inputs=[m_ids, e_id], outputs=m_ids)
+        c_btn.click(lambda t, d, c, env, task: wb.create_entry(t, d, c, env, task),
+                    inputs=[c_title, c_desc, c_content, c_env, c_task], outputs=[c_msg, e_id]
+                    ).then(open_full, inputs=e_id, outputs=full_outputs)
+
+        # Merge
+        m_propose.click(lambda ids: wb.propose_merge(ids), inputs=m_ids, outputs=[m_text, m_note])
+        m_preview.click(lambda ids, t: wb.merge_preview(ids, t), inputs=[m_ids, m_text], outputs=m_diff)
+        m_accept.click(lambda ids, t: wb.accept_merge(ids, t), inputs=[m_ids, m_text], outputs=[m_msg, e_id]
+                       ).then(open_full, inputs=e_id, outputs=full_outputs)
+        m_undo.click(lambda i: wb.undo_merge(i), inputs=m_undo_id, outputs=m_msg)
+        d_btn.click(lambda th, across: wb.duplicate_clusters(th, across), inputs=[d_threshold, d_across],
+                    outputs=[d_df, d_msg])
+
+        def cluster_to_merge(table: Any, evt: gr.SelectData) -> str:
+            return wb.cluster_ids(table, evt.index[0])
+
+        d_df.select(cluster_to_merge, inputs=d_df, outputs=m_ids)
+
+        # Import / export
+        i_btn.click(lambda f, fresh: wb.import_file(f, fresh), inputs=[i_file, i_fresh], outputs=i_msg)
+        x_btn.click(lambda s: wb.export_library(s), inputs=x_status, outputs=[x_file, x_msg])
+
+        # A/B tests
+        ab_create.click(lambda *a: wb.create_ab_test(*a),
+                        inputs=[ab_name, ab_env, ab_seeds, ab_ckpt, ab_turns, a_kind, a_arg, a_file, b_kind, b_arg, b_file],
+                        outputs=[ab_msg, ab_id])
+        ab_details_out = [ab_summary, ab_progress, ab_results, ab_tasks, ab_eps]
+        ab_open.click(lambda i: wb.ab_details(i), inputs=ab_id, outputs=ab_details_out)
+        ab_df.select(_row_first_cell, outputs=ab_id).then(lambda i: wb.ab_details(i), inputs=ab_id, outputs=ab_details_out)
+        table_timer.tick(lambda: wb.ab_tests_table(), outputs=ab_df, show_progress=hidden)
+        table_timer.tick(lambda i: wb.ab_details(i) if i else (gr.skip(),) * 5, inputs=ab_id, outputs=ab_details_out,
+                         show_progress=hidden)
+        table_timer.tick(lambda i: wb.ab_log_tail(i) if i else gr.skip(), inputs=ab_id, outputs=ab_log, show_progress=hidden)
+        ab_eps.select(_row_first_cell, outputs=r_id).then(lambda i: wb.replay(i), inputs=r_id, outputs=ab_episode)
+
+        # Agent demo
+        d_start.click(lambda *a: wb.demo_start(*a), inputs=[demo_token, d_mode, d_env, d_seed, d_ckpt, d_lib],
+                      outputs=[demo_token, d_html, d_status]).then(lambda: gr.Timer(active=False), outputs=play_timer)
+        d_step.click(lambda tok: wb.demo_step(tok)[:2], inputs=demo_token, outputs=[d_html, d_status])
+        d_play.click(lambda: gr.Timer(active=True), outputs=play_timer)
+        d_pause.click(lambda: gr.Timer(active=False), outputs=play_timer)
+        play_timer.tick(lambda tok: _play_tick(wb.demo_step(tok)), inputs=demo_token, outputs=[d_html, d_status, play_timer],
+                        show_progress=hidden)
+        r_list.click(lambda run, ab: wb.episodes(run, ab), inputs=[r_run, r_ab], outputs=r_df)
+        r_df.select(_row_first_cell, outputs=r_id).then(lambda i: wb.replay(i), inputs=r_id, outputs=r_html)
+        r_btn.click(lambda i: wb.replay(i), inputs=r_id, outputs=r_html)
+
+        # First paint: the newest run on the curves, the page info of the library.
+        def first_paint() -> tuple:
+            choices = wb.run_choices()
+            return gr.update(choices=choices, value=[choices[0][1]] if choices else []), [list(c) for c in choices], first_info
+
+        demo.load(first_paint, outputs=[curve_runs, curve_choices, page_md])
+    return demo
