@@ -137,8 +137,12 @@ def _type_ok(value: Any, tp: Any) -> bool:
     return True
 
 
-def from_dict(cls: type, data: dict[str, Any] | None, path: str = "") -> Any:
-    """Build dataclass `cls` from a (possibly partial) dict; unknown fields and bad types are errors."""
+def from_dict(cls: type, data: dict[str, Any] | None, path: str = "", base: Any = None) -> Any:
+    """Build dataclass `cls` from a (possibly partial) dict; unknown fields and bad types are errors.
+
+    Fields the dict leaves out keep `base`'s values when given, else the field defaults — so a nested
+    section whose default differs from its class defaults (extractor.model) keeps that default.
+    """
     data = dict(data or {})
     if not isinstance(data, dict):
         raise ConfigError(f"{path or 'config'} must be a mapping, got {type(data).__name__}")
@@ -157,17 +161,19 @@ def from_dict(cls: type, data: dict[str, Any] | None, path: str = "") -> Any:
         if dataclasses.is_dataclass(tp):
             if not isinstance(value, dict):
                 raise ConfigError(f"{dotted} must be a mapping of its fields, got {value!r}")
-            kwargs[name] = from_dict(tp, value, dotted)
+            f = fields[name]
+            sub_base = getattr(base, name) if base is not None else (
+                f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+            kwargs[name] = from_dict(tp, value, dotted, sub_base)
             continue
         if not _type_ok(value, tp):
             raise ConfigError(f"{dotted} = {value!r} has the wrong type; expected {getattr(tp, '__name__', tp)}")
         if tp is float and isinstance(value, int):
             value = float(value)
         kwargs[name] = value
-    try:
-        return cls(**kwargs)
-    except ConfigError as e:
-        raise ConfigError(f"{path + ': ' if path else ''}{e}") from None
+    if base is not None:
+        kwargs = {f: kwargs.get(f, getattr(base, f)) for f in fields}
+    return cls(**kwargs)  # __post_init__ errors already name their field
 
 
 def to_dict(obj: Any) -> dict[str, Any]:

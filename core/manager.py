@@ -446,10 +446,10 @@ class ExperienceManager:
                 continue
             try:
                 if op.kind == "add":
-                    new_id = self.store.add_entries([self._new_entry(op.text, ctx)], actor=ctx.actor)[0]
+                    new_id = self.store.add_entries([self._new_entry(op, ctx)], actor=ctx.actor)[0]
                     results.append(OpResult(op, True, new_id=new_id))
                 elif op.kind == "update":
-                    new_id = self.store.replace_entries(op.ids, self._new_entry(op.text, ctx), actor=ctx.actor, action="op_update")
+                    new_id = self.store.replace_entries(op.ids, self._new_entry(op, ctx), actor=ctx.actor, action="op_update")
                     results.append(OpResult(op, True, new_id=new_id, archived=list(op.ids)))
                 else:
                     self._check_active(op.ids)
@@ -469,12 +469,13 @@ class ExperienceManager:
             if found[i].status is not Status.ACTIVE:
                 raise StoreError(f"entry {i} is already archived")
 
-    def _new_entry(self, text: str, ctx: OpContext) -> NewEntry:
+    def _new_entry(self, op: Operation, ctx: OpContext) -> NewEntry:
+        text = op.text
         query = ctx.query or ctx.task or text
         qv = self.embedder.embed_queries([query])[0]
         tv = self.embedder.embed([text])[0]
         return NewEntry(text=text, env=ctx.env, task=ctx.task, query=query, source=ctx.source, created_step=ctx.step,
-                        run_id=ctx.run_id, source_episode_id=ctx.episode_id, generation=ctx.generation,
+                        run_id=ctx.run_id, source_episode_id=ctx.episode_id, generation=op.generation or ctx.generation,
                         query_embedding=qv, text_embedding=tv, embedder=self.embedder.name)
 
     # -- what trainers need ---------------------------------------------------------------------

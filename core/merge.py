@@ -170,11 +170,12 @@ def sliding_window_merge(store: ExperienceStore, entries: Sequence[Experience], 
                 if op.kind == "update":
                     if len(op.ids) >= 2:
                         nid = merge_entries(store, op.ids, op.text, actor=actor, step=step, run_id=run_id,
-                                            expected_versions={i: by_id[i].version for i in op.ids})
+                                            generation=op.generation, expected_versions={i: by_id[i].version for i in op.ids})
                         report.merges += 1
                     else:
                         # A one-entry update rewrites it: same lineage mechanics, one parent.
-                        nid = store.replace_entries(op.ids, NewEntry(text=op.text, source=Source.MERGED, created_step=step, run_id=run_id),
+                        nid = store.replace_entries(op.ids, NewEntry(text=op.text, source=Source.MERGED, created_step=step, run_id=run_id,
+                                                                     generation=op.generation),
                                                     actor=actor, action="merge", expected_versions={op.ids[0]: by_id[op.ids[0]].version})
                     new_entries.append(nid)
                     touched |= set(op.ids)
@@ -185,7 +186,8 @@ def sliding_window_merge(store: ExperienceStore, entries: Sequence[Experience], 
                 else:
                     first = chunk[0]
                     nid = store.add_entries([NewEntry(text=op.text, env=first.env, task=first.task, query=first.query,
-                                                      source=Source.MERGED, created_step=step, run_id=run_id)], actor=actor)[0]
+                                                      source=Source.MERGED, created_step=step, run_id=run_id,
+                                                      generation=op.generation)], actor=actor)[0]
                     new_entries.append(nid)
                     report.adds += 1
             except StoreError as e:  # e.g. a person edited an entry meanwhile: keep it, report why

@@ -101,6 +101,7 @@ class Operation:
     kind: str
     text: str = ""
     ids: list[int] = field(default_factory=list)
+    generation: Generation | None = None  # the extractor generation that produced it, if any (merge answers)
 
 
 @dataclass

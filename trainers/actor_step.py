@@ -1,0 +1,126 @@
+"""The actor learner: GRPO with split subgroups (METHOD.md "Actor objective").
+
+    stats = actor_update(backend, optimizer, episodes, loss_cfg, model_cfg)
+
+1. Advantages per task group, normalised within the with-experience and without-experience
+   subgroups separately (core.advantages; the joint ablation is a switch).
+2. Every actor turn of an episode is one row (prompt ids + reply ids, loss on the reply only);
+   rows of zero-advantage episodes are dropped — their gradient is zero.
+3. Clipped surrogate (core.losses), token mean within each subgroup over the WHOLE batch, then the
+   mean over the two subgroups: micro-batches hold one subgroup each and are weighted by their share
+   of that subgroup's tokens, so gradient accumulation gives exactly the full-batch objective.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from core.advantages import batch_subgroup_advantages
+from core.losses import clipped_surrogate_loss
+from trainers.models import pad_right
+from trainers.rollout import Episode
+
+
+@dataclass
+class Row:
+    ids: list[int]  # prompt + reply
+    start: int  # first reply position in ids
+    old: list[float]  # (len(reply),) sampling-time log-probs
+    adv: float
+    with_exp: bool
+
+
+def episode_advantages(episodes: Sequence[Episode], *, normalize_std: bool, joint: bool) -> torch.Tensor:
+    rewards = torch.tensor([e.reward for e in episodes], dtype=torch.float32)  # (E,)
+    with_exp = torch.tensor([e.spec.with_experience for e in episodes], dtype=torch.bool)  # (E,)
+    groups = torch.tensor([e.spec.group_id for e in episodes], dtype=torch.long)  # (E,)
+    return batch_subgroup_advantages(rewards, with_exp, groups, normalize_std=normalize_std, joint=joint)
+
+
+def build_rows(episodes: Sequence[Episode], adv: torch.Tensor) -> list[Row]:
+    rows = []
+    for e, a in zip(episodes, adv.tolist()):
+        if a == 0.0:
+            continue
+        for t in e.turns:
+            if not t.response_ids:
+                continue
+            rows.append(Row(t.prompt_ids + t.response_ids, len(t.prompt_ids), t.logprobs, a, e.spec.with_experience))
+    return rows
+
+
+def _tensors(rows: Sequence[Row], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ids (N, T), attention (N, T), loss mask (N, T) over reply tokens, old log-probs (N, T)."""
+    ids, attn = pad_right([r.ids for r in rows], pad_id)
+    mask = torch.zeros_like(ids, dtype=torch.float32)
+    old = torch.zeros_like(ids, dtype=torch.float32)
+    for i, r in enumerate(rows):
+        n = len(r.ids) - r.start
+        mask[i, r.start:r.start + n] = 1.0
+        old[i, r.start:r.start + n] = torch.tensor(r.old[:n], dtype=torch.float32)
+    return ids, attn, mask, old
+
+
+def actor_update(backend, optimizer: torch.optim.Optimizer, episodes: Sequence[Episode], loss_cfg, model_cfg) -> dict[str, float]:
+    """One optimiser step on a batch of episodes; returns policy/* metrics."""
+    adv = episode_advantages(episodes, normalize_std=loss_cfg.normalize_std, joint=loss_cfg.joint_normalization)
+    frac_nonzero = float((adv != 0).float().mean()) if len(adv) else 0.0
+    rows = build_rows(episodes, adv)
+    stats: dict[str, float] = {"policy/frac_nonzero_adv": frac_nonzero, "policy/rows": float(len(rows)),
+                               "policy/adv_abs_mean": float(adv.abs().mean()) if len(adv) else 0.0}
+    if not rows:
+        stats.update({"policy/loss": 0.0, "policy/grad_norm": 0.0, "policy/skipped": 1.0})
+        return stats
+    params = [p for p in backend.trainable_parameters()]
+    model = backend.model
+    model.train()
+    subgroups = [[r for r in rows if r.with_exp], [r for r in rows if not r.with_exp]]
+    subgroups = [g for g in subgroups if g]
+    tokens = [sum(len(r.ids) - r.start for r in g) for g in subgroups]
+    total_loss, ent_sum, ent_n = 0.0, 0.0, 0
+    kls, clips, ratios = [], [], []
+    for _ in range(max(1, loss_cfg.epochs)):
+        optimizer.zero_grad(set_to_none=True)
+        for g, n_tok in zip(subgroups, tokens):
+            g = sorted(g, key=lambda r: len(r.ids))  # similar lengths per micro-batch: less padding
+            for s in range(0, len(g), model_cfg.micro_batch):
+                mb = g[s:s + model_cfg.micro_batch]
+                ids, attn, mask, old = _tensors(mb, backend.pad_id)
+                logits = model(input_ids=ids.to(backend.device), attention_mask=attn.to(backend.device)).logits.float()
+                logp_all = torch.log_softmax(logits[:, :-1], dim=-1)  # (N, T-1, V)
+                tgt = ids[:, 1:].to(backend.device)
+                logp = torch.zeros(ids.shape, device=backend.device)
+                logp[:, 1:] = logp_all.gather(-1, tgt[..., None]).squeeze(-1)  # (N, T): log p(ids[t] | ids[:t])
+                mask_d, old_d = mask.to(backend.device), old.to(backend.device)
+                a = torch.tensor([r.adv for r in mb], dtype=torch.float32, device=backend.device)  # (N,)
+                loss_mb, st = clipped_surrogate_loss(logp, old_d, a, mask_d, None, eps=loss_cfg.eps, level=loss_cfg.ratio_level)
+                share = float(mask.sum()) / n_tok
+                # token mean over this subgroup, then the mean over subgroups (METHOD.md)
+                loss = loss_mb * share / len(subgroups)
+                loss.backward()
+                total_loss += float(loss)
+                kls.append(st["approx_kl"] * share)
+                clips.append(st["clip_frac"] * share)
+                ratios.append(st["ratio_mean"] * share)
+                with torch.no_grad():
+                    p = logp_all.exp()
+                    ent = -(p * logp_all).sum(-1)  # (N, T-1)
+                    m = mask_d[:, 1:]
+                    ent_sum += float((ent * m).sum())
+                    ent_n += int(m.sum())
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, model_cfg.grad_clip)
+        optimizer.step()
+    model.eval()
+    n_sub = len(subgroups) * max(1, loss_cfg.epochs)
+    stats.update({
+        "policy/loss": total_loss / max(1, loss_cfg.epochs),
+        "policy/grad_norm": float(grad_norm) if math.isfinite(float(grad_norm)) else -1.0,
+        "policy/kl_to_old": sum(kls) / n_sub,
+        "policy/clip_frac": sum(clips) / n_sub,
+        "policy/ratio_mean": sum(ratios) / n_sub,
+        "policy/entropy": ent_sum / max(1, ent_n),
+    })
+    return stats

@@ -1,0 +1,204 @@
+"""Run configuration: one dataclass per component (DESIGN.md habit 2), YAML overriding fields.
+
+    cfg = load_run_config("configs/minihack_room_cpu.yaml")     # or a YAML string, or a dict
+
+Defaults run on a 2-core CPU with the embedded tiny models. A bad field stops before any work
+with a ConfigError that names it.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from core.config import ConfigError, LibraryConfig, from_dict, load_yaml, to_dict
+
+VARIANTS = ("grpo", "static", "exp_only", "complementary")
+EMBEDDED_PREFIX = "embedded:"
+
+
+@dataclass
+class RunSection:
+    name: str = "run"  # shown in the workbench's run table
+    variant: str = "complementary"  # grpo | static | exp_only | complementary (METHOD.md "Baselines")
+    seed: int = 0  # the one seed; per-sample seeds derive from (step, index)
+    max_steps: int = 100  # actor updates (training steps) before the run finishes
+    warmup_steps: int = 0  # first steps: retrieval off, actor not updated, the library is seeded (released: 5)
+    checkpoint_every: int = 10  # steps between checkpoints (and one at stop)
+    eval_every: int = 0  # steps between held-out evaluations (0 = only at the end)
+    eval_episodes: int = 16  # held-out episodes per evaluation, per condition (with / without experience)
+    store_episodes: int = 4  # episodes stored for replay per step (0 = none)
+    deterministic: bool = True  # wait for each step's distillation before the next step (reproducible); False lets it run behind
+    threads: int = 0  # torch CPU threads (0 = torch's default)
+
+    def __post_init__(self) -> None:
+        if self.variant not in VARIANTS:
+            raise ConfigError(f"run.variant must be one of {', '.join(VARIANTS)}, not {self.variant!r}")
+        if self.max_steps < 1:
+            raise ConfigError("run.max_steps must be >= 1")
+        if self.warmup_steps < 0 or self.checkpoint_every < 1 or self.eval_episodes < 0 or self.store_episodes < 0:
+            raise ConfigError("run.warmup_steps, eval_episodes and store_episodes must be >= 0, checkpoint_every >= 1")
+
+
+@dataclass
+class EnvSection:
+    names: dict[str, float] = field(default_factory=lambda: {"minihack/Room-5x5": 1.0})  # env name -> mixture weight
+    max_turns: int = 0  # turn limit per episode (0 = the env's own)
+    train_seeds: int = 100_000  # task seeds for training are drawn from [0, train_seeds)
+    eval_seed_offset: int = 1_000_000  # held-out seeds start here (never seen in training)
+    options: dict[str, Any] = field(default_factory=dict)  # passed to make_env for every env
+
+    def __post_init__(self) -> None:
+        if not self.names:
+            raise ConfigError("env.names must name at least one env, e.g. {minihack/Room-5x5: 1.0}")
+        for n, w in self.names.items():
+            if not isinstance(w, (int, float)) or w <= 0:
+                raise ConfigError(f"env.names[{n!r}] must be a positive weight")
+
+
+@dataclass
+class ModelSection:
+    path: str = "embedded:policy"  # a Hugging Face model folder, or embedded:policy / embedded:extractor
+    backend: str = "auto"  # auto | hf | vllm | openai
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    base_url: str = ""  # for backend openai: the endpoint
+    lr: float = 2e-5  # AdamW learning rate (constant)
+    weight_decay: float = 0.0  # AdamW weight decay
+    grad_clip: float = 1.0  # max gradient norm
+    micro_batch: int = 32  # rows per forward/backward (gradient accumulation keeps memory bounded)
+    temperature: float = 1.0  # sampling temperature for rollouts
+    top_p: float = 1.0  # nucleus sampling for rollouts
+    max_new_tokens: int = 16  # tokens per reply
+    lora: bool = False  # train LoRA adapters (peft) instead of all weights
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("auto", "hf", "vllm", "openai"):
+            raise ConfigError(f"backend must be auto, hf, vllm or openai, not {self.backend!r}")
+        if self.lr <= 0 or self.micro_batch < 1 or self.max_new_tokens < 1:
+            raise ConfigError("lr must be > 0, micro_batch and max_new_tokens >= 1")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError("top_p must be within (0, 1]")
+
+
+@dataclass
+class RolloutSection:
+    tasks_per_step: int = 4  # distinct tasks (groups) per training step
+    group_size: int = 8  # K rollouts per task
+    with_experience: int = 4  # of the K, how many get retrieved experience (K/2 in the paper; 0 = plain GRPO)
+    history_turns: int = 2  # past (observation, action) pairs in the prompt
+    history_chars: int = 1200  # and at most this many characters of them
+    search_and_ask: int = 0  # max search-and-ask calls per episode (paper: 2; 0 = tool off)
+
+    def __post_init__(self) -> None:
+        if self.tasks_per_step < 1 or self.group_size < 1:
+            raise ConfigError("rollout.tasks_per_step and rollout.group_size must be >= 1")
+        if not 0 <= self.with_experience <= self.group_size:
+            raise ConfigError("rollout.with_experience must be within [0, rollout.group_size]")
+
+
+@dataclass
+class LossSection:
+    eps: float = 0.2  # PPO clip range
+    ratio_level: str = "sequence"  # sequence (paper) | token (released code)
+    normalize_std: bool = True  # divide advantages by the subgroup std (paper) or only subtract the mean (released)
+    joint_normalization: bool = False  # ablation: normalise across both subgroups together (collapses, per the paper)
+    epochs: int = 1  # passes over each batch
+
+    def __post_init__(self) -> None:
+        if self.ratio_level not in ("sequence", "token"):
+            raise ConfigError("loss.ratio_level must be 'sequence' or 'token'")
+
+
+@dataclass
+class ExtractorSection:
+    model: ModelSection = field(default_factory=lambda: ModelSection(path="embedded:extractor", lr=1e-5, max_new_tokens=160,
+                                                                      temperature=0.8))
+    buffer_size: int = 64  # CISPO update when this many entry samples are waiting
+    eps_low: float = 0.1  # CISPO clip, lower
+    eps_high: float = 0.1  # CISPO clip, upper
+    reweight: bool = True  # Eq. 7 training-count-aware weights
+    alpha: float = 0.5  # Eq. 7 exponent
+    cooldown: int = 1  # Eq. 7 cooldown in extractor updates
+    relative_reward: bool = False  # ablation: reward = improvement over the experience-free mean
+    op_budget: int = 2  # operations per distillation answer
+    merge_every: int = 5  # actor updates between periodic merges (0 = never)
+    max_backlog: int = 256  # episodes waiting for distillation beyond this are dropped (counted in extractor/dropped)
+    templates_file: str = ""  # YAML overriding prompt templates (trainers/prompts.py names)
+
+    def __post_init__(self) -> None:
+        if self.buffer_size < 1 or self.op_budget < 1:
+            raise ConfigError("extractor.buffer_size and extractor.op_budget must be >= 1")
+
+
+@dataclass
+class RunConfig:
+    run: RunSection = field(default_factory=RunSection)
+    env: EnvSection = field(default_factory=EnvSection)
+    actor: ModelSection = field(default_factory=ModelSection)
+    rollout: RolloutSection = field(default_factory=RolloutSection)
+    loss: LossSection = field(default_factory=LossSection)
+    extractor: ExtractorSection = field(default_factory=ExtractorSection)
+    library: LibraryConfig = field(default_factory=LibraryConfig)
+
+    def __post_init__(self) -> None:
+        if self.run.variant == "grpo" and self.rollout.with_experience:
+            # Plain GRPO never shows experience; make the config say so rather than silently ignoring it.
+            self.rollout.with_experience = 0
+
+    @property
+    def uses_experience(self) -> bool:
+        return self.run.variant != "grpo"
+
+    @property
+    def trains_actor(self) -> bool:
+        return self.run.variant in ("grpo", "static", "complementary")
+
+    @property
+    def trains_extractor(self) -> bool:
+        return self.run.variant in ("exp_only", "complementary")
+
+
+def load_run_config(source: str | os.PathLike[str] | dict[str, Any], *, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """From a YAML path, a YAML string, or a dict; `overrides` is a nested dict applied on top."""
+    if isinstance(source, dict):
+        data = dict(source)
+    elif isinstance(source, os.PathLike) or (isinstance(source, str) and "\n" not in source and source.endswith((".yaml", ".yml"))):
+        data = load_yaml(source)
+    else:
+        try:
+            data = yaml.safe_load(source) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"the config is not valid YAML: {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError("the config must be a mapping of sections (run, env, actor, rollout, loss, extractor, library)")
+    if overrides:
+        data = _deep_merge(data, overrides)
+    return from_dict(RunConfig, data)
+
+
+def _deep_merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def dump_run_config(cfg: RunConfig) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def resolve_model_path(path: str, data_dir: str | os.PathLike[str]) -> str:
+    """embedded:policy -> <data_dir>/models/policy; anything else is used as given."""
+    if path.startswith(EMBEDDED_PREFIX):
+        return str(Path(data_dir) / "models" / path[len(EMBEDDED_PREFIX):])
+    return path
+
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+
+
+def shipped_configs() -> dict[str, Path]:
+    return {p.stem: p for p in sorted(CONFIG_DIR.glob("*.yaml"))}

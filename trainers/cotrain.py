@@ -1,0 +1,232 @@
+"""One training run, top to bottom (DESIGN.md habit 1): the four variants of METHOD.md.
+
+    collect -> score -> advantages + actor step -> distil -> extractor step -> merge -> log
+
+`train(ctx)` is the whole loop. What changes between the variants:
+    grpo           no experience anywhere; only the actor learns
+    static         experience from a frozen extractor; the library grows, the extractor does not learn
+    exp_only       the extractor learns; the actor is frozen
+    complementary  both learn (the method)
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import random
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from envs.pool import EnvPool, TaskMixture
+from envs.registry import make_env
+from trainers.actor_step import actor_update
+from trainers.config import RunConfig, resolve_model_path
+from trainers.engine import RunContext, seed_everything
+from trainers.rollout import Episode, EpisodeSpec, Roller, episode_metrics, trajectory_record
+
+
+def ensure_embedded_models(cfg: RunConfig, data_dir: Path) -> None:
+    """Build the tiny default models on first use (`comprl models init` does the same by hand)."""
+    if cfg.actor.path.startswith("embedded:") or cfg.extractor.model.path.startswith("embedded:"):
+        from trainers.warmstart import ensure_models
+
+        ensure_models(data_dir)
+
+
+def load_actor(cfg: RunConfig, data_dir: Path, checkpoint: Path | None):
+    """The learner (hf, trains) and the rollout engine (the same object unless vLLM serves rollouts)."""
+    from trainers.models import HFBackend, LoraSettings, load_backend
+
+    path = str(checkpoint / "policy") if checkpoint is not None else resolve_model_path(cfg.actor.path, data_dir)
+    threads = cfg.run.threads or None
+    learner = HFBackend(path, device=cfg.actor.device, lora=LoraSettings() if cfg.actor.lora else None, num_threads=threads)
+    rollout = learner
+    if cfg.actor.backend in ("vllm", "auto"):
+        from trainers.models import vllm_available
+
+        if cfg.actor.backend == "vllm" or (vllm_available() and torch.cuda.is_available()):
+            rollout = load_backend("vllm", path)
+    return learner, rollout
+
+
+def make_specs(cfg: RunConfig, mixture: TaskMixture, rng: random.Random, step: int, *, with_exp: int | None = None) -> list[EpisodeSpec]:
+    """tasks_per_step task groups of K rollouts; the first `with_experience` of each group get experience."""
+    k = cfg.rollout.group_size
+    n_exp = cfg.rollout.with_experience if with_exp is None else with_exp
+    specs = []
+    for t in range(cfg.rollout.tasks_per_step):
+        env = mixture.sample()
+        seed = rng.randrange(cfg.env.train_seeds)
+        gid = step * cfg.rollout.tasks_per_step + t
+        specs += [EpisodeSpec(env, seed, i < n_exp, gid) for i in range(k)]
+    return specs
+
+
+def pool_slots(cfg: RunConfig) -> list[str]:
+    """One slot per concurrent episode of each env in the mixture."""
+    per_env = cfg.rollout.tasks_per_step * cfg.rollout.group_size
+    return [name for name in cfg.env.names for _ in range(per_env)]
+
+
+class SlotRouter:
+    """Maps episode specs onto pool slots of the right env (the pool's slots are fixed per env)."""
+
+    def __init__(self, slots: list[str]):
+        self.by_env: dict[str, list[int]] = {}
+        for i, name in enumerate(slots):
+            self.by_env.setdefault(name, []).append(i)
+
+    def assign(self, specs: list[EpisodeSpec]) -> list[int]:
+        used: dict[str, int] = {}
+        out = []
+        for s in specs:
+            i = used.get(s.env, 0)
+            out.append(self.by_env[s.env][i])
+            used[s.env] = i + 1
+        return out
+
+
+def train(ctx: RunContext) -> None:
+    cfg = ctx.cfg
+    seed_everything(cfg.run.seed)
+    ensure_embedded_models(cfg, ctx.data_dir)
+    ckpt = ctx.latest_checkpoint()
+    learner, rollout_backend = load_actor(cfg, ctx.data_dir, ckpt)
+    ctx.describe_backend(rollout_backend.describe() + ("" if rollout_backend is learner else f"; learner {learner.describe()}"),
+                         str(learner.device))
+    optimizer = torch.optim.AdamW(learner.trainable_parameters(), lr=cfg.actor.lr, weight_decay=cfg.actor.weight_decay)
+
+    manager = experience = None
+    if cfg.uses_experience:
+        from core.embedding import Embedder
+        from core.manager import ExperienceManager
+        from trainers.extractor import ExperienceLoop
+
+        manager = ExperienceManager(ctx.store, Embedder(cfg.library.embedding), cfg.library.manager, cfg.library.index,
+                                    seed=cfg.run.seed)
+        experience = ExperienceLoop(cfg, ctx.store, manager, data_dir=ctx.data_dir, run_id=ctx.run_id,
+                                    checkpoint=ckpt)
+    slots = pool_slots(cfg)
+    router = SlotRouter(slots)
+    pool = EnvPool([_env_factory(n, cfg) for n in slots], num_workers=cfg.run.threads or 2)
+    roller = Roller(rollout_backend, pool, manager, rollout_cfg=cfg.rollout, actor_cfg=cfg.actor, max_turns=cfg.env.max_turns,
+                    tool_fn=experience.tool_fn if experience is not None and cfg.rollout.search_and_ask else None,
+                    seed=cfg.run.seed)
+    mixture = TaskMixture(cfg.env.names, seed=cfg.run.seed)
+    rng = random.Random(cfg.run.seed)
+
+    state = ctx.load_state()
+    if state is not None:
+        optimizer.load_state_dict(state["optimizer"])
+        mixture._rng.setstate(state["mixture_rng"])
+        rng.setstate(state["task_rng"])
+        if experience is not None and "experience" in state:
+            experience.load_state_dict(state["experience"])
+        print(f"resumed run {ctx.run_id} from step {ctx.start_step} ({ckpt})", flush=True)
+
+    def checkpoint(step: int) -> None:
+        models = {"policy": learner}
+        st: dict[str, Any] = {"optimizer": optimizer.state_dict(), "mixture_rng": mixture._rng.getstate(), "task_rng": rng.getstate()}
+        if experience is not None:
+            models.update(experience.models_to_save())
+            st["experience"] = experience.state_dict()
+        ctx.save_checkpoint(step, models=models, state=st)
+
+    step = ctx.start_step
+    status, error = "finished", ""
+    try:
+        while step < cfg.run.max_steps:
+            if ctx.poll() == "stop":
+                status = "stopped"
+                break
+            step += 1
+            t_step = time.perf_counter()
+            warm = step <= cfg.run.warmup_steps
+            # -- collect (during warm-up: no retrieval, the library is only seeded)
+            specs = make_specs(cfg, mixture, rng, step)
+            episodes = _collect(roller, router, specs, step, retrieval=not warm)
+            metrics = {**episode_metrics(episodes), **roller.stats}
+            if manager is not None:
+                metrics.update(manager.latency_percentiles())
+            # -- advantages + actor step
+            if cfg.trains_actor and not warm:
+                with learner.lock:
+                    metrics.update(actor_update(learner, optimizer, episodes, cfg.loss, cfg.actor))
+                if rollout_backend is not learner:
+                    rollout_backend.sync_weights(learner.state_dict_for_sync())
+            # -- distil, extractor step, merge
+            if experience is not None:
+                metrics.update(experience.after_rollouts(episodes, step))
+                metrics.update(experience.maybe_update(step))
+                if cfg.extractor.merge_every and step % cfg.extractor.merge_every == 0 and not warm:
+                    metrics.update(experience.merge(step))
+                metrics.update(experience.metrics())
+            # -- log
+            if cfg.run.store_episodes:
+                keep = episodes[: cfg.run.store_episodes] if not cfg.rollout.with_experience else (
+                    [e for e in episodes if e.spec.with_experience][: cfg.run.store_episodes // 2 or 1]
+                    + [e for e in episodes if not e.spec.with_experience][: cfg.run.store_episodes // 2 or 1])
+                ctx.store.add_trajectories([trajectory_record(e, run_id=ctx.run_id, step=step) for e in keep])
+            metrics["time/step_s"] = time.perf_counter() - t_step
+            ctx.log(step, metrics)
+            if step % cfg.run.checkpoint_every == 0:
+                checkpoint(step)
+            if cfg.run.eval_every and step % cfg.run.eval_every == 0:
+                ctx.log(step, evaluate_run(cfg, roller, router, manager, step))
+        if status == "finished" and cfg.run.eval_episodes:
+            ctx.log(step, evaluate_run(cfg, roller, router, manager, step))
+    except Exception as e:  # the run fails, but its state is kept for a resume
+        status, error = "failed", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+        raise
+    finally:
+        with contextlib.suppress(Exception):
+            if step > ctx.start_step or status != "failed":
+                checkpoint(step)
+        if experience is not None:
+            experience.close()
+        if manager is not None:
+            manager.close()
+        pool.close()
+        ctx.finish(status, error)
+
+
+def _env_factory(name: str, cfg: RunConfig):
+    opts = dict(cfg.env.options)
+    if cfg.env.max_turns:
+        opts.setdefault("max_turns", cfg.env.max_turns)
+    return name if not opts else _Factory(name, opts)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Factory:
+    """A picklable env factory (pool workers are separate processes)."""
+
+    name: str
+    options: dict
+
+    def __call__(self):
+        return make_env(self.name, **self.options)
+
+
+def _collect(roller: Roller, router: SlotRouter, specs: list[EpisodeSpec], step: int, *, retrieval: bool) -> list[Episode]:
+    """Run `specs` on their env's slots; Roller plays slot i for spec i, so reorder through the router."""
+    slots = router.assign(specs)
+    ordered: list[EpisodeSpec | None] = [None] * roller.pool.num_slots
+    for s, i in zip(specs, slots):
+        ordered[i] = s
+    used = [i for i, s in enumerate(ordered) if s is not None]
+    eps = roller.collect_on([(i, ordered[i]) for i in used], step=step, retrieval=retrieval)
+    by_slot = dict(zip(used, eps))
+    return [by_slot[i] for i in slots]
+
+
+def evaluate_run(cfg: RunConfig, roller: Roller, router: SlotRouter, manager, step: int) -> dict[str, float]:
+    """Greedy episodes on held-out seeds, with and without experience (eval/* metrics)."""
+    from trainers.evaluate import evaluate_policy
+
+    res = evaluate_policy(roller, router, list(cfg.env.names), n=cfg.run.eval_episodes, seed_offset=cfg.env.eval_seed_offset,
+                          with_experience=(False, True) if manager is not None else (False,), step=step)
+    return res.metrics()

@@ -1,0 +1,271 @@
+"""Evaluation on held-out seeds, with and without experience, and A/B tests of two library states.
+
+- `evaluate_policy`: greedy episodes of a Roller on seeds it never trained on; success with Wilson
+  95% intervals and mean actions (a failed episode counts every action it took, up to the limit).
+- `run_eval(run_id)`: `comprl eval RUN_ID` — the run's latest checkpoint on its envs.
+- `run_ab_test(ab_id)`: `comprl eval --ab-test ID` — two arms, each a library state (current, a past
+  version, a JSONL file, current minus or plus chosen entries, or none) loaded into its own
+  temporary store and ExperienceManager, so an A/B test never touches the live library's counters.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from core.metrics import two_proportion_test, wilson_interval
+from core.store import ExperienceStore, NewEntry
+from core.types import Source
+from trainers.rollout import Episode, EpisodeSpec, Roller, trajectory_record
+
+
+@dataclass
+class ConditionResult:
+    n: int = 0
+    successes: int = 0
+    actions: int = 0
+    by_task: dict[str, list[int]] = field(default_factory=dict)  # task -> [successes, n]
+
+    def add(self, e: Episode) -> None:
+        self.n += 1
+        self.successes += int(e.success)
+        self.actions += e.traj.num_actions
+        t = self.by_task.setdefault(f"{e.spec.env}: {e.traj.task}"[:200], [0, 0])
+        t[0] += int(e.success)
+        t[1] += 1
+
+    def summary(self) -> dict[str, float]:
+        lo, hi = wilson_interval(self.successes, self.n) if self.n else (0.0, 1.0)
+        return {"n": self.n, "successes": self.successes, "rate": self.successes / self.n if self.n else 0.0,
+                "ci_low": lo, "ci_high": hi, "mean_actions": self.actions / self.n if self.n else 0.0}
+
+
+@dataclass
+class EvalResult:
+    conditions: dict[str, ConditionResult] = field(default_factory=dict)
+    episodes: list[Episode] = field(default_factory=list)
+
+    def metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, c in self.conditions.items():
+            s = c.summary()
+            out[f"eval/success_{name}"] = s["rate"]
+            out[f"eval/success_{name}_ci_low"] = s["ci_low"]
+            out[f"eval/success_{name}_ci_high"] = s["ci_high"]
+            out[f"eval/actions_{name}"] = s["mean_actions"]
+        return out
+
+    def table(self) -> str:
+        lines = ["| condition | n | success | 95% CI | mean actions |", "|---|---:|---:|---|---:|"]
+        for name, c in self.conditions.items():
+            s = c.summary()
+            lines.append(f"| {name} | {s['n']} | {s['rate']:.3f} | [{s['ci_low']:.3f}, {s['ci_high']:.3f}] | {s['mean_actions']:.2f} |")
+        return "\n".join(lines)
+
+
+def greedy(roller: Roller) -> Roller:
+    """The same roller deciding greedily (temperature 0)."""
+    r = Roller.__new__(Roller)
+    r.__dict__.update(roller.__dict__)
+    r.ac = dataclasses.replace(roller.ac, temperature=0.0)
+    return r
+
+
+def play(roller: Roller, router, specs: list[EpisodeSpec], *, step: int, retrieval: bool = True) -> list[Episode]:
+    """Play any number of specs through the pool, as many at a time as each env has slots."""
+    out: list[Episode] = []
+    cap = min(len(v) for v in router.by_env.values())
+    for s in range(0, len(specs), cap):
+        chunk = specs[s:s + cap]
+        slots = router.assign(chunk)
+        out += roller.collect_on(list(zip(slots, chunk)), step=step, retrieval=retrieval)
+    return out
+
+
+def evaluate_policy(roller: Roller, router, envs: Sequence[str], *, n: int, seed_offset: int,
+                    with_experience: Sequence[bool] = (False, True), step: int = 0) -> EvalResult:
+    g = greedy(roller)
+    res = EvalResult()
+    for flag in with_experience:
+        name = "with_exp" if flag else "without_exp"
+        specs = [EpisodeSpec(env, seed_offset + i, flag, -1 - i) for env in envs for i in range(n)]
+        eps = play(g, router, specs, step=step)
+        cond = res.conditions.setdefault(name, ConditionResult())
+        for e in eps:
+            cond.add(e)
+        res.episodes += eps
+    return res
+
+
+# -- comprl eval RUN_ID ---------------------------------------------------------------------------
+
+
+def _roller_for(cfg, store: ExperienceStore, data_dir: Path, policy_path: str, manager, n_slots: int):
+    from envs.pool import EnvPool
+    from trainers.cotrain import SlotRouter, _env_factory
+    from trainers.models import HFBackend
+
+    actor = HFBackend(policy_path, device=cfg.actor.device, num_threads=cfg.run.threads or None)
+    slots = [name for name in cfg.env.names for _ in range(n_slots)]
+    pool = EnvPool([_env_factory(n, cfg) for n in slots], num_workers=cfg.run.threads or 2)
+    roller = Roller(actor, pool, manager, rollout_cfg=cfg.rollout, actor_cfg=cfg.actor, max_turns=cfg.env.max_turns,
+                    seed=cfg.run.seed)
+    return roller, SlotRouter(slots), pool
+
+
+def run_eval(run_id: int, *, data_dir: str, db_url: str, episodes: int = 0, checkpoint: str = "") -> EvalResult:
+    from core.embedding import Embedder
+    from core.manager import ExperienceManager
+    from trainers.config import load_run_config, resolve_model_path
+    from trainers.engine import latest_checkpoint
+
+    store = ExperienceStore(db_url)
+    run = store.get_run(run_id)
+    cfg = load_run_config(run["config"])
+    ck = Path(checkpoint) if checkpoint else latest_checkpoint(Path(run["checkpoint_dir"])) if run["checkpoint_dir"] else None
+    policy = str(ck / "policy") if ck is not None and (ck / "policy").exists() else checkpoint or resolve_model_path(cfg.actor.path, data_dir)
+    n = episodes or cfg.run.eval_episodes or 16
+    manager = None
+    if cfg.uses_experience:
+        mcfg = dataclasses.replace(cfg.library.manager, record_usage=False)
+        manager = ExperienceManager(store, Embedder(cfg.library.embedding), mcfg, cfg.library.index, seed=cfg.run.seed)
+    roller, router, pool = _roller_for(cfg, store, Path(data_dir), policy, manager, min(n, 32))
+    try:
+        res = evaluate_policy(roller, router, list(cfg.env.names), n=n, seed_offset=cfg.env.eval_seed_offset,
+                              with_experience=(False, True) if manager is not None else (False,), step=run["step"])
+        store.log_metrics(run_id, run["step"], res.metrics())
+        return res
+    finally:
+        pool.close()
+        if manager is not None:
+            manager.close()
+
+
+# -- A/B tests ----------------------------------------------------------------------------------------
+
+ARM_KINDS = ("current", "version", "file", "none", "minus", "plus")
+
+
+def validate_ab_config(c: dict[str, Any]) -> str:
+    """Why an A/B config cannot run, or ""."""
+    from envs.registry import list_envs
+
+    if c.get("env") not in list_envs():
+        return f"unknown env {c.get('env')!r}"
+    seeds = c.get("seeds")
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
+        return "seeds must be a non-empty list of integers"
+    arms = c.get("arms")
+    if not isinstance(arms, dict) or set(arms) != {"A", "B"}:
+        return "arms must be exactly A and B"
+    for name, a in arms.items():
+        if not isinstance(a, dict) or a.get("kind") not in ARM_KINDS:
+            return f"arm {name}: kind must be one of {', '.join(ARM_KINDS)}"
+        if a["kind"] == "version" and not isinstance(a.get("version"), int):
+            return f"arm {name}: a past library version (integer) is needed"
+        if a["kind"] == "file" and not Path(str(a.get("path", ""))).is_file():
+            return f"arm {name}: library file {a.get('path')!r} does not exist"
+        if a["kind"] in ("minus", "plus") and not (isinstance(a.get("ids"), list) and all(isinstance(i, int) for i in a["ids"])):
+            return f"arm {name}: a list of entry ids is needed"
+    return ""
+
+
+def arm_entries(store: ExperienceStore, arm: dict[str, Any]) -> list[NewEntry] | None:
+    """The library an arm plays with (None = no experience at all)."""
+    from core.library_io import import_library
+
+    kind = arm["kind"]
+    if kind == "none":
+        return None
+    if kind == "file":
+        tmp = ExperienceStore("sqlite://")
+        import_library(tmp, arm["path"], keep_ids=False)
+        return [NewEntry(text=e.text, env=e.env, task=e.task, query=e.query, source=Source.IMPORTED)
+                for e in tmp.list_entries(limit=10**9).entries]
+    if kind == "version":
+        snap = store.snapshot_at(arm["version"])
+        full = store.get_many([s.entry_id for s in snap])
+        return [NewEntry(text=s.text, env=full[s.entry_id].env, task=full[s.entry_id].task, query=full[s.entry_id].query)
+                for s in snap]
+    current = store.list_entries(limit=10**9).entries
+    ids = set(arm.get("ids", []))
+    if kind == "minus":
+        current = [e for e in current if e.id not in ids]
+    elif kind == "plus":
+        have = {e.id for e in current}
+        current += [e for e in store.get_many(ids).values() if e.id not in have]
+    return [NewEntry(text=e.text, env=e.env, task=e.task, query=e.query) for e in current]
+
+
+def run_ab_test(ab_id: int, *, data_dir: str, db_url: str) -> dict[str, Any]:
+    from core.config import LibraryConfig
+    from core.embedding import Embedder
+    from core.manager import ExperienceManager
+    from trainers.config import RunConfig, resolve_model_path
+
+    store = ExperienceStore(db_url)
+    ab = store.get_ab_test(ab_id)
+    c = ab["config"]
+    try:
+        why = validate_ab_config(c)
+        if why:
+            raise ValueError(why)
+        store.update_ab_test(ab_id, status="running", progress=0.0)
+        cfg = RunConfig()
+        cfg.env.names = {c["env"]: 1.0}
+        if c.get("max_turns"):
+            cfg.env.max_turns = int(c["max_turns"])
+        policy = c.get("checkpoint") or resolve_model_path(cfg.actor.path, data_dir)
+        if not c.get("checkpoint"):
+            from trainers.warmstart import ensure_models
+
+            ensure_models(data_dir)
+        lib = LibraryConfig()
+        embedder = Embedder(lib.embedding)
+        mcfg = dataclasses.replace(lib.manager, random_demote=False)
+        seeds = list(c["seeds"])
+        results: dict[str, ConditionResult] = {}
+        with tempfile.TemporaryDirectory() as tmp:
+            roller = router = pool = None
+            try:
+                for i, (name, arm) in enumerate(sorted(c["arms"].items())):
+                    entries = arm_entries(store, arm)
+                    manager = None
+                    if entries is not None:
+                        arm_store = ExperienceStore(f"sqlite:///{tmp}/arm_{name}.db")
+                        if entries:
+                            arm_store.add_entries(entries, actor="ab-test")
+                        manager = ExperienceManager(arm_store, embedder, mcfg, lib.index, seed=0)
+                    if roller is None:
+                        roller, router, pool = _roller_for(cfg, store, Path(data_dir), policy, manager, min(len(seeds), 16))
+                    roller.manager = manager
+                    specs = [EpisodeSpec(c["env"], s, manager is not None, -1 - j) for j, s in enumerate(seeds)]
+                    eps = play(greedy(roller), router, specs, step=0)
+                    cond = results.setdefault(name, ConditionResult())
+                    for e in eps:
+                        cond.add(e)
+                    store.add_trajectories([trajectory_record(e, run_id=None, step=0, ab_test_id=ab_id) for e in eps])
+                    if manager is not None:
+                        manager.close()
+                    store.update_ab_test(ab_id, progress=(i + 1) / 2)
+            finally:
+                if pool is not None:
+                    pool.close()
+        a, b = results["A"].summary(), results["B"].summary()
+        diff, p = two_proportion_test(a["successes"], a["n"], b["successes"], b["n"])
+        tasks = sorted(set(results["A"].by_task) | set(results["B"].by_task))
+        per_task = {t: {arm: (r.by_task[t][0] / r.by_task[t][1]) if t in r.by_task else None for arm, r in results.items()}
+                    for t in tasks}
+        out = {"arms": {"A": a, "B": b}, "diff": diff, "p_value": p, "per_task": per_task, "finished_at": time.time()}
+        store.update_ab_test(ab_id, status="done", progress=1.0, results=out)
+        return out
+    except Exception as e:
+        store.update_ab_test(ab_id, status="failed", error=f"{type(e).__name__}: {e}\n{traceback.format_exc()}"[-4000:])
+        raise
+    finally:
+        store.close()

@@ -1,0 +1,473 @@
+"""The experience extractor: distillation, search-and-ask rewrites, merges, and its CISPO learner.
+
+    loop = ExperienceLoop(cfg, store, manager, data_dir=..., run_id=...)
+    loop.after_rollouts(episodes, step)   # credit retrieved entries, queue episodes for distillation
+    loop.maybe_update(step)               # CISPO when the buffer holds extractor.buffer_size samples
+    loop.merge(step)                      # periodic sliding-window merge with the extractor as merge_fn
+
+Distillation runs in a background thread: finished episodes enter a queue, the consumer batches
+them into one generate call, parses `<think>…</think><answer>[ops]</answer>` and applies the
+operations through the ExperienceManager. Rollouts never wait for it; the backlog is a metric.
+
+Every entry the extractor writes keeps the generation that produced it (prompt, response, token
+ids, log-probs). When an entry is retrieved, the outcomes of the episodes it guided become that
+generation's reward (METHOD.md "Extractor objective"): ±1 averaged over the episodes, batch-mean
+baseline, Eq. 7 weights looked up by entry id, CISPO loss.
+"""
+from __future__ import annotations
+
+import json
+import queue
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from core.advantages import entry_rewards, experience_free_baseline, extractor_advantages, weights_for_entries
+from core.losses import cispo_loss, cispo_stats
+from core.manager import ExperienceManager, OpContext
+from core.merge import sliding_window_merge
+from core.store import ExperienceStore
+from core.types import Experience, Generation, Operation, Source
+from trainers import prompts as P
+from trainers.models import pad_right
+from trainers.rollout import Episode
+
+ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
+
+
+# -- parsing ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Parsed:
+    ops: list[Operation] = field(default_factory=list)
+    error: str = ""  # why the whole answer is a no-op ("" = parsed)
+
+
+def _answer_json(text: str) -> tuple[Any, str]:
+    m = ANSWER.search(text)
+    if m is None:
+        return None, "no <answer>…</answer> block"
+    body = m.group(1).strip()
+    try:
+        return json.loads(body), ""
+    except json.JSONDecodeError as e:
+        return None, f"answer is not JSON ({e.msg})"
+
+
+def parse_extraction(text: str, previous_ids: Sequence[int], *, budget: int = 8, max_chars: int = 4000) -> Parsed:
+    """The extractor's answer -> operations, all or nothing. `update` indices refer to `previous_ids`."""
+    data, err = _answer_json(text)
+    if err:
+        return Parsed(error=err)
+    if not isinstance(data, list):
+        return Parsed(error="answer is not a JSON list")
+    if len(data) > budget:
+        return Parsed(error=f"{len(data)} operations, over the budget of {budget}")
+    ops = []
+    for i, item in enumerate(data):
+        if not isinstance(item, dict):
+            return Parsed(error=f"operation {i} is not an object")
+        fn = item.get("function")
+        if fn == "add":
+            mem = item.get("new_memory")
+            if not isinstance(mem, str) or not mem.strip():
+                return Parsed(error=f"operation {i}: add needs a non-empty new_memory")
+            if len(mem) > max_chars:
+                return Parsed(error=f"operation {i}: memory over {max_chars} characters")
+            ops.append(Operation("add", text=mem.strip()))
+        elif fn == "update":
+            idx, mem = item.get("idx_list"), item.get("updated_memory")
+            if not isinstance(idx, list) or not idx or not all(isinstance(x, int) and not isinstance(x, bool) for x in idx):
+                return Parsed(error=f"operation {i}: update needs idx_list, a non-empty list of integers")
+            if any(x < 0 or x >= len(previous_ids) for x in idx):
+                return Parsed(error=f"operation {i}: index out of range (there are {len(previous_ids)} previous memories)")
+            if len(set(idx)) != len(idx):
+                return Parsed(error=f"operation {i}: an index repeats")
+            if not isinstance(mem, str) or not mem.strip():
+                return Parsed(error=f"operation {i}: update needs a non-empty updated_memory")
+            if len(mem) > max_chars:
+                return Parsed(error=f"operation {i}: memory over {max_chars} characters")
+            ops.append(Operation("update", text=mem.strip(), ids=[int(previous_ids[x]) for x in idx]))
+        else:
+            return Parsed(error=f"operation {i}: unknown function {fn!r} (expected add or update)")
+    named = [j for op in ops for j in op.ids]
+    if len(named) != len(set(named)):
+        return Parsed(error="two updates name the same previous memory")
+    return Parsed(ops)
+
+
+def parse_merge(text: str, chunk: Sequence[Experience]) -> list[Operation] | None:
+    """A merge answer -> operations on the chunk's entries, or None when it does not parse."""
+    data, err = _answer_json(text)
+    if err or not isinstance(data, list):
+        return None
+    ops = []
+    for item in data:
+        if not isinstance(item, dict):
+            return None
+        idx = item.get("idx_list")
+        if not isinstance(idx, list) or not idx or not all(isinstance(x, int) and 0 <= x < len(chunk) for x in idx):
+            return None
+        ids = [chunk[x].id for x in idx]
+        if item.get("function") == "merge":
+            mem = item.get("merged_memory")
+            if not isinstance(mem, str) or not mem.strip():
+                return None
+            ops.append(Operation("update", text=mem.strip(), ids=ids))
+        elif item.get("function") == "discard":
+            ops.append(Operation("discard", ids=ids))
+        else:
+            return None
+    return ops
+
+
+def parse_rewrite(text: str) -> str:
+    m = ANSWER.search(text)
+    return (m.group(1) if m else "").strip()
+
+
+# -- the loop -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Sample:
+    """One CISPO row: an extractor generation and the reward of what it produced."""
+
+    entry_id: int | None  # Eq. 7 keys by entry id; None for a search-and-ask rewrite
+    prompt_ids: list[int]
+    response_ids: list[int]
+    old_logprobs: list[float]
+    reward: float
+
+
+class ExperienceLoop:
+    def __init__(self, cfg, store: ExperienceStore, manager: ExperienceManager, *, data_dir: Path, run_id: int,
+                 checkpoint: Path | None = None):
+        from trainers.config import resolve_model_path
+        from trainers.models import HFBackend
+
+        self.cfg = cfg
+        self.xc = cfg.extractor
+        self.store = store
+        self.manager = manager
+        self.run_id = run_id
+        self.templates = P.load_templates(self.xc.templates_file or None)
+        path = str(checkpoint / "extractor") if checkpoint is not None and (checkpoint / "extractor").exists() \
+            else resolve_model_path(self.xc.model.path, data_dir)
+        self.backend = HFBackend(path, device=self.xc.model.device, num_threads=cfg.run.threads or None)
+        self.trains = cfg.trains_extractor
+        self.optimizer = torch.optim.AdamW(self.backend.trainable_parameters(), lr=self.xc.model.lr) if self.trains else None
+        self.updates = 0  # extractor updates so far: the clock of Eq. 7's cooldown
+        self.buffer: list[Sample] = []
+        self.counters = {"parse_failures": 0, "distilled": 0, "adds": 0, "updates_ops": 0, "refused_ops": 0, "dropped": 0,
+                         "tool_calls": 0, "tool_hits": 0, "merges": 0}
+        self.last_update: dict[str, float] = {}
+        self.tool_latency_ms: list[float] = []
+        self._queue: queue.Queue[tuple[Episode, int] | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._worker = threading.Thread(target=self._consume, name="extractor-distil", daemon=True)
+        self._worker.start()
+
+    # -- generation --------------------------------------------------------------------------------
+
+    def _generate(self, user_texts: Sequence[str], *, seed: int, greedy: bool = False) -> list[Generation]:
+        msgs = [[{"role": "system", "content": self.templates["EXTRACTOR_SYSTEM"]}, {"role": "user", "content": u}]
+                for u in user_texts]
+        prompts = [list(self.backend.apply_chat_template(m, add_generation_prompt=True, tokenize=True)) for m in msgs]
+        mc = self.xc.model
+        outs = self.backend.generate(prompts, max_new_tokens=mc.max_new_tokens, temperature=0.0 if greedy else mc.temperature,
+                                     top_p=mc.top_p, seed=seed)
+        return [Generation(prompt=u, response=o.text, prompt_ids=p, response_ids=list(o.token_ids),
+                           response_logprobs=list(o.logprobs), model_version=self.updates)
+                for u, p, o in zip(user_texts, prompts, outs)]
+
+    # -- distillation (background) -----------------------------------------------------------------
+
+    def submit(self, episodes: Sequence[Episode], step: int) -> None:
+        for e in episodes:
+            if self._queue.qsize() >= self.xc.max_backlog:
+                self.counters["dropped"] += 1
+                continue
+            self._queue.put((e, step))
+
+    def _consume(self) -> None:
+        while True:
+            item = self._queue.get()
+            batch = [item]
+            while len(batch) < 16:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            stop = any(b is None for b in batch)
+            work = [b for b in batch if b is not None]
+            if work:
+                try:
+                    self.distil(work)
+                except Exception as e:  # a bad batch must not kill the consumer; it is counted
+                    print(f"distillation failed: {type(e).__name__}: {e}", flush=True)
+                    self.counters["parse_failures"] += len(work)
+            for _ in batch:
+                self._queue.task_done()
+            if stop:
+                return
+
+    def distil(self, work: Sequence[tuple[Episode, int]]) -> list[Parsed]:
+        """One generate call for a batch of episodes; operations applied through the manager."""
+        users, prev_ids = [], []
+        for e, _ in work:
+            ids = list(e.traj.experience_ids)
+            texts = self.manager.entry_texts(ids)
+            ids = [i for i in ids if i in texts]
+            prev_ids.append(ids)
+            outcome = "success" if e.success else "failure"
+            users.append(self.templates["EXTRACTOR_USER"].format(
+                task=e.traj.task, outcome=outcome, num_actions=e.traj.num_actions, previous=P.numbered([texts[i] for i in ids]),
+                trajectory=P.trajectory_text([(s.observation, s.action) for s in e.traj.steps]), budget=self.xc.op_budget))
+        gens = self._generate(users, seed=hash((self.run_id, work[0][1], len(users))) & 0x7FFFFFFF)
+        results = []
+        for (e, step), ids, g in zip(work, prev_ids, gens):
+            parsed = parse_extraction(g.response, ids, budget=self.xc.op_budget, max_chars=self.cfg.library.manager.max_text_chars)
+            results.append(parsed)
+            with self._lock:
+                self.counters["distilled"] += 1
+                if parsed.error:
+                    self.counters["parse_failures"] += 1
+                    continue
+            for op in parsed.ops:
+                op.generation = g
+            res = self.manager.apply_operations(parsed.ops, OpContext(env=e.spec.env, task=e.traj.task, query=e.traj.task,
+                                                                      run_id=self.run_id, step=step, source=Source.EXTRACTED))
+            with self._lock:
+                self.counters["adds"] += sum(r.ok and r.op.kind == "add" for r in res)
+                self.counters["updates_ops"] += sum(r.ok and r.op.kind == "update" for r in res)
+                self.counters["refused_ops"] += sum(not r.ok for r in res)
+        return results
+
+    def wait_idle(self, timeout: float = 600.0) -> None:
+        """Block until the distillation queue is empty (tests and the deterministic mode use it)."""
+        t0 = time.time()
+        while self._queue.unfinished_tasks and time.time() - t0 < timeout:
+            time.sleep(0.05)
+
+    # -- search-and-ask (METHOD.md step 2) ------------------------------------------------------------
+
+    def tool_fn(self, task: str, query: str, env: str, step: int) -> tuple[str, list[int], Any]:
+        t0 = time.perf_counter()
+        self.counters["tool_calls"] += 1
+        hits = self.manager.search_sync([query or task], k=1, task=env)[0]
+        if not hits:
+            self.tool_latency_ms.append((time.perf_counter() - t0) * 1000)
+            return "", [], None
+        self.counters["tool_hits"] += 1
+        user = self.templates["REWRITE_USER"].format(task=task, query=query, entry=hits[0].text)
+        gen = self._generate([user], seed=step * 7919 + self.counters["tool_calls"])[0]
+        answer = parse_rewrite(gen.response) or hits[0].text  # an unparsable rewrite falls back to the entry itself
+        self.tool_latency_ms.append((time.perf_counter() - t0) * 1000)
+        return answer, [hits[0].entry_id], gen
+
+    # -- credit and CISPO ------------------------------------------------------------------------------
+
+    def after_rollouts(self, episodes: Sequence[Episode], step: int) -> dict[str, float]:
+        """Credit retrieved entries with the outcomes they guided; queue every episode for distillation."""
+        retrieved = [list(e.traj.experience_ids) for e in episodes]
+        outcomes = torch.tensor([float(e.success) for e in episodes])
+        baselines = None
+        if self.xc.relative_reward:
+            baselines = experience_free_baseline(outcomes, torch.tensor([e.spec.with_experience for e in episodes]),
+                                                 torch.tensor([e.spec.group_id for e in episodes]))
+        rewards = entry_rewards(retrieved, outcomes, baselines=baselines)  # entry id -> mean signed outcome
+        usage = [(i, e.success, e.reward) for e in episodes for i in set(e.traj.experience_ids)]
+        if usage:
+            self.store.record_outcomes(usage, run_id=self.run_id, step=step)
+        new = 0
+        if self.trains and rewards:
+            entries = self.store.get_many(rewards)
+            for i, r in rewards.items():
+                g = entries[i].generation if i in entries else None
+                if g is not None and g.response_ids:
+                    self.buffer.append(Sample(i, list(g.prompt_ids), list(g.response_ids), list(g.response_logprobs), r))
+                    new += 1
+            # search-and-ask rewrites are samples too, credited with their episode's outcome
+            for e in episodes:
+                for g in e.tool_generations:
+                    if g.response_ids:
+                        self.buffer.append(Sample(None, list(g.prompt_ids), list(g.response_ids), list(g.response_logprobs),
+                                                  1.0 if e.success else -1.0))
+                        new += 1
+        self.submit(episodes, step)
+        if self.cfg.run.deterministic:
+            self.wait_idle()  # reproducible runs: the library after step t does not depend on thread timing
+        return {"extractor/new_samples": float(new), "retrieval/hit_rate": _hit_rate(episodes)}
+
+    def maybe_update(self, step: int) -> dict[str, float]:
+        if not self.trains or len(self.buffer) < self.xc.buffer_size:
+            return {}
+        batch, self.buffer = self.buffer[: self.xc.buffer_size], self.buffer[self.xc.buffer_size:]
+        return self.update(batch, step)
+
+    def eq7_weights(self, batch: Sequence[Sample]) -> torch.Tensor:
+        """Eq. 7 by entry id (rewrites, which have no entry, get weight 1)."""
+        ids = [s.entry_id for s in batch if s.entry_id is not None]
+        stats = self.store.training_stats(ids)
+        counts = {i: c for i, (c, _) in stats.items()}
+        last = {i: l for i, (_, l) in stats.items()}
+        w_ids = weights_for_entries(ids, counts, last, self.updates, alpha=self.xc.alpha, cooldown=self.xc.cooldown)
+        w = torch.ones(len(batch))
+        j = 0
+        for k, s in enumerate(batch):
+            if s.entry_id is not None:
+                w[k] = w_ids[j]
+                j += 1
+        return w
+
+    def update(self, batch: Sequence[Sample], step: int) -> dict[str, float]:
+        rewards = torch.tensor([s.reward for s in batch], dtype=torch.float32)  # (N,)
+        weights = self.eq7_weights(batch) if self.xc.reweight else None
+        adv = extractor_advantages(rewards, weights)  # (N,) = (r − mean_batch r) · w
+        seqs = [s.prompt_ids + s.response_ids for s in batch]
+        ids, attn = pad_right(seqs, self.backend.pad_id)
+        mask = torch.zeros(ids.shape)
+        old = torch.zeros(ids.shape)
+        for i, s in enumerate(batch):
+            a, n = len(s.prompt_ids), len(s.response_ids)
+            mask[i, a:a + n] = 1.0
+            old[i, a:a + n] = torch.tensor(s.old_logprobs[:n])
+        model = self.backend.model
+        mb = self.xc.model.micro_batch
+        n_tok = float(mask.sum())
+        total = 0.0
+        logps = []
+        with self.backend.lock:
+            model.train()
+            self.optimizer.zero_grad(set_to_none=True)
+            for s in range(0, len(batch), mb):
+                sl = slice(s, s + mb)
+                lp = self.backend.logprobs(seqs[sl], grad=True)  # (n, T') right-padded like ids
+                T = lp.shape[1]
+                m, o = mask[sl, :T], old[sl, :T]
+                loss = cispo_loss(lp, o, adv[sl], m, eps_low=self.xc.eps_low, eps_high=self.xc.eps_high) * (float(m.sum()) / max(n_tok, 1))
+                loss.backward()
+                total += float(loss)
+                logps.append((lp.detach(), o, m))
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.backend.trainable_parameters(), self.xc.model.grad_clip)
+            self.optimizer.step()
+            model.eval()
+        self.updates += 1
+        trained = [s.entry_id for s in batch if s.entry_id is not None]
+        # recorded at the update's index, so the next update sees steps_since_trained = 1
+        self.store.record_trained(trained, self.updates - 1)
+        st = [cispo_stats(lp, o, m, eps_low=self.xc.eps_low, eps_high=self.xc.eps_high) for lp, o, m in logps]
+        w = weights if weights is not None else torch.ones(len(batch))
+        self.last_update = {
+            "extractor/loss": total, "extractor/reward_mean": float(rewards.mean()), "extractor/grad_norm": float(grad_norm),
+            "extractor/weight_mean": float(w.mean()), "extractor/weight_zero_frac": float((w == 0).float().mean()),
+            "extractor/clip_frac": sum(x["clip_frac"] for x in st) / len(st), "extractor/updates": float(self.updates),
+        }
+        return self.last_update
+
+    # -- merge (METHOD.md step 4) ---------------------------------------------------------------------
+
+    def merge(self, step: int) -> dict[str, float]:
+        """Walk the library task by task in chunks; the extractor decides what to keep, merge or discard."""
+        self.wait_idle()
+        before = self.store.count()
+        merges = discards = unparsed = 0
+        tasks: dict[tuple[str, str], list[Experience]] = {}
+        offset = 0
+        while True:
+            page = self.store.list_entries(offset=offset, limit=2000)
+            for e in page.entries:
+                tasks.setdefault((e.env, e.task), []).append(e)
+            offset += len(page.entries)
+            if not page.entries:
+                break
+        cs = self.cfg.library.merge.chunk_size
+        for (env, task), entries in tasks.items():
+            if len(entries) < 2:
+                continue
+
+            def merge_fn(chunk: list[Experience], task: str = task) -> list[Operation] | None:
+                user = self.templates["MERGE_USER"].format(task=task, entries=P.numbered([c.text for c in chunk]))
+                g = self._generate([user], seed=step * 104729 + chunk[0].id, greedy=True)[0]
+                ops = parse_merge(g.response, chunk)
+                for op in ops or []:
+                    op.generation = g  # merge generations are credited like extraction ones when retrieved
+                return ops
+
+            rep = sliding_window_merge(self.store, entries, merge_fn, chunk_size=cs, actor="extractor", step=step,
+                                       run_id=self.run_id, on_written=self.manager.sync)
+            merges += rep.merges
+            discards += rep.discards
+            unparsed += rep.unparsed_chunks
+        self.counters["merges"] += merges
+        return {"library/merge_before": float(before), "library/merge_after": float(self.store.count()),
+                "library/merges": float(merges), "library/merge_discards": float(discards),
+                "library/merge_unparsed": float(unparsed)}
+
+    # -- metrics, state, life cycle ------------------------------------------------------------------------
+
+    def metrics(self) -> dict[str, float]:
+        c = self.counters
+        out = {"extractor/buffer": float(len(self.buffer)), "extractor/backlog": float(self._queue.qsize()),
+               "extractor/parse_failures": float(c["parse_failures"]), "extractor/distilled": float(c["distilled"]),
+               "extractor/dropped": float(c["dropped"]), "library/size": float(self.manager.active_count()),
+               "library/adds": float(c["adds"]), "library/updates": float(c["updates_ops"]),
+               "library/refused_ops": float(c["refused_ops"]), "search_and_ask/calls": float(c["tool_calls"]),
+               "extractor/updates": float(self.updates)}
+        if self.tool_latency_ms:
+            out["search_and_ask/latency_ms"] = sum(self.tool_latency_ms) / len(self.tool_latency_ms)
+            self.tool_latency_ms = []
+        return out
+
+    def models_to_save(self) -> dict[str, Any]:
+        return {"extractor": self.backend}
+
+    def state_dict(self) -> dict[str, Any]:
+        self.wait_idle()
+        return {"optimizer": self.optimizer.state_dict() if self.optimizer else None, "updates": self.updates,
+                "buffer": [s.__dict__ for s in self.buffer], "counters": dict(self.counters)}
+
+    def load_state_dict(self, st: dict[str, Any]) -> None:
+        if self.optimizer is not None and st.get("optimizer"):
+            self.optimizer.load_state_dict(st["optimizer"])
+        self.updates = int(st.get("updates", 0))
+        self.buffer = [Sample(**d) for d in st.get("buffer", [])]
+        self.counters.update(st.get("counters", {}))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(None)
+        self._worker.join(timeout=120)
+
+
+def _hit_rate(episodes: Sequence[Episode]) -> float:
+    want = [e for e in episodes if e.spec.with_experience]
+    return sum(bool(e.traj.experience_ids) for e in want) / len(want) if want else 0.0
+
+
+def propose_merge(store: ExperienceStore, ids: Sequence[int], *, data_dir: str, model_path: str = "") -> str:
+    """The extractor's proposed text for merging `ids` (the workbench's merge dialog)."""
+    from trainers.config import resolve_model_path
+    from trainers.models import HFBackend
+
+    entries = [store.get(i) for i in ids]
+    backend = HFBackend(model_path or resolve_model_path("embedded:extractor", data_dir))
+    user = P.MERGE_USER.format(task=entries[0].task, entries=P.numbered([e.text for e in entries]))
+    msgs = [{"role": "system", "content": P.EXTRACTOR_SYSTEM}, {"role": "user", "content": user}]
+    out = backend.generate([list(backend.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))],
+                           max_new_tokens=200, temperature=0.0)[0]
+    ops = parse_merge(out.text, entries)
+    merged = [op.text for op in ops or [] if op.kind == "update" and set(op.ids) == set(ids)]
+    if merged:
+        return merged[0]
+    raise ValueError("the extractor's answer did not propose one merged text for these entries; write it by hand")

@@ -1,0 +1,237 @@
+"""Multi-turn rollouts: many episodes in lockstep, one batched generate call per turn.
+
+    episodes = Roller(actor, pool, manager, cfg).collect(specs, step=3)
+
+Per episode: reset -> (retrieve experience with the task as query, when the spec says so) ->
+turns of [prompt (system + task + experience + recent history + observation) -> reply -> action
+or search-and-ask] until the env ends the episode or the turn limit. Each actor turn is one
+training row: the prompt ids exactly as generated from, the reply ids, their log-probs under the
+sampling model. Only reply tokens ever carry loss (observation, experience and tool-result text
+lives in the prompt part of a row, which the learner masks).
+
+`EpisodePlayer` plays one episode a turn at a time for the workbench's demo, with the same prompt
+code, so what a person watches is what training does.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from core.types import Step, Trajectory
+from envs.pool import EnvPool, SlotResult
+from trainers import prompts as P
+
+# (task, query, env, step) -> (answer text, entry ids used, generation dict or None)
+ToolFn = Callable[[str, str, str, int], tuple[str, list[int], Any]]
+
+
+@dataclass
+class EpisodeSpec:
+    env: str
+    seed: int
+    with_experience: bool
+    group_id: int
+
+
+@dataclass
+class TurnSample:
+    """One actor reply as a training row: loss on `response_ids` only."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]  # (len(response_ids),) under the sampling-time model (raw, temperature 1)
+    kind: str = "action"  # action | tool
+
+
+@dataclass
+class Episode:
+    spec: EpisodeSpec
+    traj: Trajectory
+    turns: list[TurnSample] = field(default_factory=list)
+    tool_generations: list[Any] = field(default_factory=list)  # extractor rewrites (search-and-ask)
+    tool_entry_ids: list[int] = field(default_factory=list)
+    invalid_actions: int = 0
+    error: str = ""
+
+    @property
+    def reward(self) -> float:
+        return self.traj.reward
+
+    @property
+    def success(self) -> bool:
+        return self.traj.success
+
+
+def derive_seed(*parts: Any) -> int:
+    """A stable 63-bit seed from (run seed, step, index, …): reproducible sampling per sample."""
+    h = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") & ((1 << 63) - 1)
+
+
+@dataclass
+class _Live:
+    ep: Episode
+    slot: int
+    action_format: str
+    observation: str
+    history: list[tuple[str, str]] = field(default_factory=list)
+    tool_calls: int = 0
+    turns: int = 0
+    max_turns: int = 0
+    done: bool = False
+
+
+class Roller:
+    """Collects episodes with an actor back end, an EnvPool and (optionally) an ExperienceManager."""
+
+    def __init__(self, actor, pool: EnvPool, manager=None, *, rollout_cfg, actor_cfg, max_turns: int = 0,
+                 tool_fn: ToolFn | None = None, templates: P.Templates = P.DEFAULT_TEMPLATES, seed: int = 0):
+        self.actor = actor
+        self.pool = pool
+        self.manager = manager
+        self.rc = rollout_cfg
+        self.ac = actor_cfg
+        self.max_turns = max_turns
+        self.tool_fn = tool_fn
+        self.templates = templates
+        self.seed = seed
+        self.stats: dict[str, float] = {}
+
+    def prompt_ids(self, live: _Live) -> list[int]:
+        msgs = P.actor_messages(
+            action_format=live.action_format, task=live.ep.traj.task, observation=live.observation,
+            experience=live.ep.traj.experience_text,
+            history=P.fit_history(live.history, max_turns=self.rc.history_turns, max_chars=self.rc.history_chars),
+            allow_tool=self.rc.search_and_ask > 0 and self.tool_fn is not None, templates=self.templates)
+        return list(self.actor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))
+
+    def collect(self, specs: Sequence[EpisodeSpec], *, step: int, retrieval: bool = True) -> list[Episode]:
+        """Play spec i on pool slot i."""
+        return self.collect_on(list(enumerate(specs)), step=step, retrieval=retrieval)
+
+    def collect_on(self, pairs: Sequence[tuple[int, EpisodeSpec]], *, step: int, retrieval: bool = True) -> list[Episode]:
+        """Play each (slot, spec) to its end, all in lockstep; episodes come back in the given order."""
+        if len({i for i, _ in pairs}) != len(pairs) or any(not 0 <= i < self.pool.num_slots for i, _ in pairs):
+            raise ValueError(f"slots must be distinct and within the pool's {self.pool.num_slots}")
+        specs = [s for _, s in pairs]
+        t0 = time.perf_counter()
+        starts = self.pool.reset_many([(i, s.seed, None) for i, s in pairs])
+        lives = [self._start(i, s, r) for (i, s), r in zip(pairs, starts)]
+        # Retrieval at episode start (METHOD.md step 1): one call, batched by the manager.
+        t_ret = 0.0
+        want = [lv for lv in lives if lv.ep.spec.with_experience and not lv.done]
+        if want and retrieval and self.manager is not None:
+            t1 = time.perf_counter()
+            hits = self.manager.search_sync([lv.ep.traj.task for lv in want], task=[lv.ep.spec.env for lv in want])
+            t_ret = time.perf_counter() - t1
+            for lv, hs in zip(want, hits):
+                lv.ep.traj.experience_ids = [h.entry_id for h in hs]
+                lv.ep.traj.experience_text = "\n\n".join(h.text for h in hs)
+        tokens = 0
+        turn = 0
+        while True:
+            active = [lv for lv in lives if not lv.done]
+            if not active:
+                break
+            prompts = [self.prompt_ids(lv) for lv in active]
+            outs = self.actor.generate(prompts, max_new_tokens=self.ac.max_new_tokens, temperature=self.ac.temperature,
+                                       top_p=self.ac.top_p, stop=["\n"], seed=derive_seed(self.seed, step, turn))
+            turn += 1
+            to_step: list[tuple[_Live, str]] = []
+            for lv, p, o in zip(active, prompts, outs):
+                tokens += len(o.token_ids)
+                kind, content = P.parse_actor_reply(o.text)
+                if kind == "tool" and (lv.tool_calls >= self.rc.search_and_ask or self.tool_fn is None):
+                    kind, content = "action", o.text.strip()  # over the budget: the env judges it as an action
+                lv.ep.turns.append(TurnSample(p, list(o.token_ids), list(o.logprobs), kind))
+                if kind == "tool":
+                    self._tool_turn(lv, content, step)
+                else:
+                    to_step.append((lv, content))
+            if to_step:
+                results = self.pool.step_many([(lv.slot, a) for lv, a in to_step])
+                for (lv, a), r in zip(to_step, results):
+                    self._after_step(lv, a, r)
+            for lv in active:
+                if not lv.done and lv.turns >= lv.max_turns:
+                    self._finish(lv, truncated=True)
+        dt = time.perf_counter() - t0
+        self.stats = {"rollout/seconds": dt, "rollout/episodes_per_s": len(specs) / max(dt, 1e-9),
+                      "rollout/tokens_per_s": tokens / max(dt, 1e-9), "rollout/retrieval_s": t_ret,
+                      "rollout/env_restarts": float(self.pool.restarts())}
+        return [lv.ep for lv in lives]
+
+    def _start(self, slot: int, spec: EpisodeSpec, r: SlotResult) -> _Live:
+        traj = Trajectory(env=spec.env, task=r.task or "", seed=spec.seed, with_experience=spec.with_experience,
+                          group_id=spec.group_id)
+        ep = Episode(spec, traj)
+        limit = min(r.max_turns, self.max_turns) if self.max_turns else r.max_turns
+        lv = _Live(ep, slot, r.action_format, r.obs, max_turns=max(1, limit))
+        if r.error:  # the env failed to start: a failed episode, the run goes on
+            ep.error = r.error
+            self._finish(lv, truncated=False)
+        return lv
+
+    def _tool_turn(self, lv: _Live, query: str, step: int) -> None:
+        """Search-and-ask (METHOD.md step 2): the answer becomes the next observation; no env step."""
+        lv.tool_calls += 1
+        t0 = time.perf_counter()
+        answer, ids, gen = self.tool_fn(lv.ep.traj.task, query, lv.ep.spec.env, step)
+        ms = (time.perf_counter() - t0) * 1000
+        obs = self.templates["TOOL_RESULT"].format(answer=answer or "(nothing relevant found)")
+        lv.ep.traj.steps.append(Step(observation=lv.observation, action=f"<search_and_ask>{query}</search_and_ask>",
+                                     kind="tool", tool_query=query, tool_answer=answer, info={"latency_ms": ms}))
+        lv.ep.tool_entry_ids.extend(ids)
+        if gen is not None:
+            lv.ep.tool_generations.append(gen)
+        lv.history.append((lv.observation, f"<search_and_ask>{query}</search_and_ask>"))
+        lv.observation = f"{obs}\n\n{lv.observation}"
+        lv.turns += 1
+
+    def _after_step(self, lv: _Live, action: str, r: SlotResult) -> None:
+        invalid = bool(r.info.get("invalid_action"))
+        lv.ep.invalid_actions += invalid
+        lv.ep.traj.steps.append(Step(observation=lv.observation, action=action, reward=float(r.reward),
+                                     kind="invalid" if invalid else "action"))
+        lv.ep.traj.reward += float(r.reward)
+        lv.history.append((lv.observation, action))
+        lv.observation = r.obs
+        lv.turns += 1
+        if r.error:
+            lv.ep.error = r.error
+        if r.done:
+            lv.ep.traj.success = bool(r.info.get("success", False))
+            self._finish(lv, truncated=r.truncated and not r.terminated)
+
+    @staticmethod
+    def _finish(lv: _Live, *, truncated: bool) -> None:
+        lv.done = True
+        lv.ep.traj.truncated = truncated
+
+
+def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
+    """policy/* metrics split by with/without experience (a failed episode counts all its actions)."""
+    out: dict[str, float] = {}
+    for tag, flag in (("with_exp", True), ("without_exp", False)):
+        eps = [e for e in episodes if e.spec.with_experience == flag]
+        if not eps:
+            continue
+        out[f"policy/reward_{tag}"] = sum(e.reward for e in eps) / len(eps)
+        out[f"policy/success_{tag}"] = sum(e.success for e in eps) / len(eps)
+        out[f"policy/actions_{tag}"] = sum(e.traj.num_actions for e in eps) / len(eps)
+    if episodes:
+        out["policy/invalid_action_rate"] = sum(e.invalid_actions for e in episodes) / max(1, sum(e.traj.num_actions for e in episodes))
+        out["policy/env_errors"] = float(sum(bool(e.error) for e in episodes))
+    return out
+
+
+def trajectory_record(ep: Episode, *, run_id: int | None, step: int, ab_test_id: int | None = None) -> dict[str, Any]:
+    """An episode as the store keeps it for replay."""
+    t = ep.traj
+    return {"run_id": run_id, "ab_test_id": ab_test_id, "step": step, "env": t.env, "task": t.task, "seed": t.seed,
+            "with_experience": t.with_experience, "success": t.success, "reward": t.reward, "num_actions": t.num_actions,
+            "experience_ids": list(t.experience_ids), "experience_text": t.experience_text,
+            "steps": [{"observation": s.observation, "action": s.action, "reward": s.reward, "kind": s.kind,
+                       "tool_query": s.tool_query, "tool_answer": s.tool_answer} for s in t.steps]}
