@@ -94,18 +94,17 @@ def parse_seeds(text: str) -> list[int]:
         if not part:
             continue
         m = re.fullmatch(r"(-?\d+)\s*(?:-|\.\.)\s*(-?\d+)", part)
-        try:
-            if m:
-                a, b = int(m.group(1)), int(m.group(2))
-                if b < a:
-                    raise UserInputError(f"seed range {part!r} runs backwards; write it low-high")
-                if b - a + 1 > MAX_SEEDS:
-                    raise UserInputError(f"seed range {part!r} has more than {MAX_SEEDS} seeds")
-                seeds.extend(range(a, b + 1))
-            else:
-                seeds.append(int(part))
-        except ValueError:
-            raise UserInputError(f"{part!r} is not a seed; write seeds like '0-19' or '1, 2, 5'") from None
+        if m:
+            a, b = int(m.group(1)), int(m.group(2))
+            if b < a:
+                raise UserInputError(f"seed range {part!r} runs backwards; write it low-high")
+            if b - a + 1 > MAX_SEEDS:
+                raise UserInputError(f"seed range {part!r} has more than {MAX_SEEDS} seeds")
+            seeds.extend(range(a, b + 1))
+        elif re.fullmatch(r"-?\d+", part):
+            seeds.append(int(part))
+        else:
+            raise UserInputError(f"{part!r} is not a seed; write seeds like '0-19' or '1, 2, 5'")
     if not seeds:
         raise UserInputError("give at least one task seed, e.g. '0-19'")
     if len(seeds) > MAX_SEEDS:
@@ -236,6 +235,7 @@ class _Launched:
     proc: subprocess.Popen
     log_path: Path
     ab_id: int | None = None
+    run_id: int | None = None
     reaped: bool = False
 
 
@@ -327,8 +327,8 @@ class Workbench:
             return f"# no shipped config named {name!r}\n"
         return path.read_text()
 
-    def check_config(self, text: str) -> dict[str, Any]:
-        """Parse and validate a run config; raise UserInputError naming the line or field."""
+    def check_config(self, text: str) -> Any:
+        """Parse and validate a run config (the trainer's RunConfig); raise UserInputError naming the line or field."""
         if not (text or "").strip():
             raise UserInputError("the config is empty; pick a shipped config or write one")
         try:
@@ -342,15 +342,12 @@ class Workbench:
         ok, why = trainer_available()
         if not ok:
             raise UserInputError(f"cannot check the fields: {why}")
-        engine = importlib.import_module("trainers.engine")
-        run_config = getattr(engine, "RunConfig", None)
-        if run_config is None:
-            raise UserInputError("trainers.engine has no RunConfig dataclass to check the config against")
+        from trainers.config import load_run_config
+
         try:
-            from_dict(run_config, data)
+            return load_run_config(data)
         except ConfigError as e:
             raise UserInputError(str(e)) from None
-        return data
 
     def validate_config(self, text: str) -> str:
         try:
@@ -359,7 +356,8 @@ class Workbench:
             return _err(str(e))
         return _ok("the config is valid")
 
-    def _spawn(self, kind: str, args: list[str], log_name: str, ab_id: int | None = None) -> _Launched:
+    def _spawn(self, kind: str, args: list[str], log_name: str, *, ab_id: int | None = None,
+               run_id: int | None = None) -> _Launched:
         log_path = self.data_dir / "logs" / log_name
         cmd = [sys.executable, "-m", "app.cli", *args, "--data-dir", str(self.data_dir), "--db", self.db_url]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
@@ -367,28 +365,48 @@ class Workbench:
             # A new session: the run outlives a restart of the workbench, and a Ctrl-C here does not reach it.
             proc = subprocess.Popen(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=env, start_new_session=True)
-        launched = _Launched(kind, proc, log_path, ab_id)
+        launched = _Launched(kind, proc, log_path, ab_id, run_id)
         with self._launch_lock:
             self._launched.append(launched)
         return launched
 
-    def launch_run(self, text: str, max_steps: float | int | None = None, resume_run_id: int | None = None) -> str:
+    def launch_run(self, text: str, max_steps: float | int | None = None) -> str:
+        """Create the run's row (so it is listed at once), then start `comprl train CONFIG --run-id ID`."""
         try:
-            self.check_config(text)
+            cfg = self.check_config(text)
         except UserInputError as e:
             return _err(str(e))
         stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{uuid.uuid4().hex[:6]}"
         cfg_path = self.data_dir / "configs" / f"ui-{stamp}.yaml"
         cfg_path.write_text(text)
-        args = ["train", str(cfg_path)]
+        log_path = self.data_dir / "logs" / f"train-{stamp}.log"
+        run_id = self.store.create_run(cfg.run.name, variant=cfg.run.variant, env=",".join(cfg.env.names), config=text,
+                                       status="created", log_path=str(log_path))
+        args = ["train", str(cfg_path), "--run-id", str(run_id)]
         if max_steps:
             args += ["--max-steps", str(int(max_steps))]
-        if resume_run_id is not None:
-            args += ["--resume", str(int(resume_run_id))]
-        launched = self._spawn("run", args, f"train-{stamp}.log")
-        what = f"fork of run {resume_run_id} from its checkpoint" if resume_run_id is not None else "run"
-        return _ok(f"launched a {what} (process {launched.proc.pid}); it appears in the table when it starts. "
-                   f"Log: {launched.log_path}")
+        launched = self._spawn("run", args, log_path.name, run_id=run_id)
+        return _ok(f"launched run {run_id} (process {launched.proc.pid}); log: {log_path}")
+
+    def resume_run(self, run_id: Any, max_steps: float | int | None = None) -> str:
+        """Continue a run from its latest checkpoint (`comprl train --resume ID`, with its stored config)."""
+        try:
+            rid = self._run_id(run_id)
+        except (UserInputError, StoreError) as e:
+            return _err(str(e))
+        ok, why = trainer_available()
+        if not ok:
+            return _err(why)
+        run = self.store.get_run(rid)
+        if run["status"] in ("created", "starting", "running", "paused") and _alive(run.get("pid")):
+            return _err(f"run {rid} is still {run['status']} (process {run['pid']}); stop it first")
+        args = ["train", "--resume", str(rid)]
+        if max_steps:
+            args += ["--max-steps", str(int(max_steps))]
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        launched = self._spawn("run", args, f"train-{rid}-resume-{stamp}.log", run_id=rid)
+        self.store.update_run(rid, log_path=str(launched.log_path))
+        return _ok(f"resuming run {rid} from its latest checkpoint (process {launched.proc.pid})")
 
     def start_demo_run(self, config_name: str = "minihack_room_cpu.yaml") -> str:
         """`comprl app --demo`: start the CPU default run unless one is already running."""
@@ -417,16 +435,6 @@ class Workbench:
         except (UserInputError, StoreError) as e:
             return _err(str(e))
         return _ok(f"sent '{command}' to run {rid}; the run acts on it at its next step")
-
-    def fork_run(self, run_id: Any, max_steps: float | int | None = None) -> str:
-        try:
-            rid = self._run_id(run_id)
-        except (UserInputError, StoreError) as e:
-            return _err(str(e))
-        run = self.store.get_run(rid)
-        if not run["config"].strip():
-            return _err(f"run {rid} has no stored config to fork from")
-        return self.launch_run(run["config"], max_steps, resume_run_id=rid)
 
     def _log_path_for(self, run: dict[str, Any]) -> Path | None:
         if run.get("log_path"):
@@ -470,11 +478,11 @@ class Workbench:
                     if t["status"] not in ("done", "failed"):
                         self.store.update_ab_test(p.ab_id, status="failed",
                                                   error=f"evaluation process exited with code {code}: " + _tail(p.log_path, 20))
-                elif p.kind == "run" and code != 0:
-                    for r in self.store.list_runs():
-                        if r["pid"] == p.proc.pid and r["status"] in ("created", "running", "paused"):
-                            self.store.update_run(r["id"], status="failed", ended_at=time.time(),
-                                                  error=f"process exited with code {code}; see {p.log_path}")
+                elif p.kind == "run" and code != 0 and p.run_id is not None:
+                    r = self.store.get_run(p.run_id)
+                    if r["status"] in ("created", "starting", "running", "paused"):
+                        self.store.update_run(p.run_id, status="failed", ended_at=time.time(),
+                                              error=f"process exited with code {code}: " + _tail(p.log_path, 5))
             except StoreError:
                 log.exception("could not record the end of process %s", p.proc.pid)
 
@@ -728,8 +736,9 @@ class Workbench:
         return [found[i] for i in ids]
 
     def propose_merge(self, ids_text: Any) -> tuple[str, str]:
-        """(proposed merged text, note). The extractor proposes when the trainer provides
-        `trainers.extractor.propose_merge(entries) -> str`; otherwise the parents' texts, joined, to edit."""
+        """(proposed merged text, note). The extractor proposes through the trainer's
+        `trainers.extractor.propose_merge(store, ids, data_dir=...) -> str`; when that is missing or
+        fails, the parents' texts come back joined, for the person to edit, and the note says so."""
         try:
             parents = self._merge_parents(ids_text)
         except UserInputError as e:
@@ -742,10 +751,10 @@ class Workbench:
             return joined, (f"No extractor proposal here ({type(e).__name__}: {e}): these are the {len(parents)} parents' "
                             "texts joined — edit them into one entry, then preview and accept.")
         try:
-            text = propose(parents)
+            text = propose(self.store, [p.id for p in parents], data_dir=str(self.data_dir))
         except Exception as e:  # the extractor's failure must not lose the person's work
-            return "\n\n".join(p.text for p in parents), _err(f"the extractor's proposal failed ({type(e).__name__}: {e}); "
-                                                              "the parents' texts are joined below to edit by hand")
+            return "\n\n".join(p.text for p in parents), (f"The extractor gave no proposal ({type(e).__name__}: {e}): "
+                                                           "the parents' texts are joined below — edit them into one entry.")
         return str(text), "Proposed by the extractor; edit as you like, then preview and accept."
 
     def merge_preview(self, ids_text: Any, text: str) -> str:
@@ -1053,6 +1062,18 @@ def _episode_status(play: _Play) -> str:
     if last.get("done"):
         return f"episode over after {last['turn']} turns: {'success' if last.get('success') else 'failure'}"
     return f"turn {last['turn']}"
+
+
+def _alive(pid: Any) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _tail(path: Path, lines: int) -> str:

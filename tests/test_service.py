@@ -1,0 +1,456 @@
+"""app/service.py: every callback of the workbench, without a browser, on a real store and embedder."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from app.main import ServeError, is_loopback, resolve_auth
+from app.service import Workbench, parse_ids, parse_seeds, trainer_available
+from core.config import LibraryConfig
+from core.manager import ExperienceManager
+from core.store import NewEntry
+from core.types import Source, Status
+
+TRAINER, TRAINER_WHY = trainer_available()
+
+
+@pytest.fixture()
+def wb(tmp_path, embedder):
+    w = Workbench(tmp_path / "data", embedder=embedder, upload_cap_mb=0.01)
+    yield w
+    for launched in w._launched:  # processes this test started (an A/B evaluation), by their own handle
+        if launched.proc.poll() is None:
+            launched.proc.kill()
+            launched.proc.wait(timeout=30)
+    w.close()
+
+
+def add(wb, text, env="minihack/Room-5x5", task="reach the stairs", **kw):
+    return wb.store.add_entries([NewEntry(text=text, env=env, task=task, **kw)], actor="extractor")[0]
+
+
+# -- serving --------------------------------------------------------------------------------------------
+
+
+def test_host_and_auth_rules():
+    assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
+    assert not is_loopback("0.0.0.0") and not is_loopback("example.org")
+    assert resolve_auth("127.0.0.1", None, {}) is None
+    assert resolve_auth("0.0.0.0", "ann:pw", {}) == ("ann", "pw")
+    assert resolve_auth("0.0.0.0", None, {"COMPRL_AUTH": "bo:secret"}) == ("bo", "secret")
+    with pytest.raises(ServeError, match="without credentials"):
+        resolve_auth("0.0.0.0", None, {})
+    with pytest.raises(ServeError, match="user:password"):
+        resolve_auth("127.0.0.1", "nopassword", {})
+
+
+def test_parsers():
+    assert parse_ids("3, 7 #12,3") == [3, 7, 12]
+    assert parse_seeds("0-3, 7") == [0, 1, 2, 3, 7]
+    with pytest.raises(ValueError, match="not an entry id"):
+        parse_ids("3, x")
+    with pytest.raises(ValueError, match="backwards"):
+        parse_seeds("5-1")
+    with pytest.raises(ValueError, match="at least one"):
+        parse_seeds(" ")
+
+
+# -- runs -----------------------------------------------------------------------------------------------
+
+
+def test_runs_table_and_commands(wb):
+    rid = wb.store.create_run("r1", variant="grpo", env="minihack/Room-5x5", status="running")
+    wb.store.log_metrics(rid, 3, {"policy/success_with_exp": 0.5})
+    df = wb.runs_table()
+    assert df.iloc[0]["id"] == rid and df.iloc[0]["success with exp"] == "0.50"
+    assert "sent 'pause'" in wb.run_command(rid, "pause")
+    assert wb.store.take_commands(rid) == ["pause"]
+    assert "no run with id 999" in wb.run_command(999, "stop")
+    assert "choose a run" in wb.run_command(None, "stop")
+    wb.store.update_run(rid, status="finished")
+    assert "already finished" in wb.run_command(rid, "resume")
+    assert wb.run_choices()[0][1] == rid
+
+
+def test_log_tail(wb, tmp_path):
+    log = tmp_path / "run.log"
+    log.write_text("\n".join(f"line {i}" for i in range(500)))
+    rid = wb.store.create_run("r", log_path=str(log))
+    tail = wb.log_tail(rid, lines=3)
+    assert tail.splitlines() == ["line 497", "line 498", "line 499"]
+    assert "no run with id" in wb.log_tail(12345)
+    rid2 = wb.store.create_run("r2")
+    assert "no log file yet" in wb.log_tail(rid2)
+
+
+def test_bad_yaml_is_refused_with_its_line(wb):
+    msg = wb.validate_config("env:\n  name: [unclosed\nalgorithm: x\n")
+    assert msg.startswith("❌") and "line" in msg and "YAML" in msg
+    assert "mapping" in wb.validate_config("- just\n- a list\n")
+    assert "empty" in wb.validate_config("   ")
+    before = list((wb.data_dir / "configs").iterdir())
+    assert wb.launch_run("env: [").startswith("❌")
+    assert list((wb.data_dir / "configs").iterdir()) == before  # nothing launched, nothing written
+
+
+@pytest.mark.skipif(TRAINER, reason="checks the message shown when the trainer is missing")
+def test_config_check_says_when_trainer_missing(wb):
+    msg = wb.validate_config("run:\n  variant: grpo\n")
+    assert "trainer is not available" in msg
+    assert "trainer is not available" in wb.launch_run("run:\n  variant: grpo\n")
+
+
+@pytest.mark.skipif(not TRAINER, reason="trainer not available")
+def test_config_fields_are_checked_by_the_trainers_config(wb):
+    msg = wb.validate_config("run:\n  variant: grpo\n  no_such_field: 1\n")
+    assert msg.startswith("❌") and "no_such_field" in msg
+    assert wb.validate_config("run:\n  variant: grpo\n").startswith("✅")
+    assert wb.store.list_runs() == []
+
+
+def test_shipped_configs_are_listed_and_read(wb):
+    names = wb.shipped_configs()
+    for n in names:
+        assert wb.config_text(n).strip()
+    assert "no shipped config" in wb.config_text("../pyproject.toml")
+    assert "no run with id" in wb.resume_run(424242)
+
+
+# -- live curves ----------------------------------------------------------------------------------------
+
+
+def test_curves_fetch_only_new_rows(wb, monkeypatch):
+    rid = wb.store.create_run("c", status="running")
+    for s in range(100):
+        wb.store.log_metrics(rid, s, {"policy/reward_with_exp": s / 100, "library/size": s, "other/key": 1.0})
+    calls = []
+    real = wb.store.metrics_since
+
+    def spy(run_id, keys=None, after_id=0, limit=200_000):
+        rows = real(run_id, keys, after_id, limit)
+        calls.append((after_id, len(rows)))
+        return rows
+
+    monkeypatch.setattr(wb.store, "metrics_since", spy)
+    tok, figs, status = wb.refresh_curves(None, [rid], 0.6, "step")
+    assert calls[-1] == (0, 200)  # the two charted keys, not "other/key"
+    assert all(f is not None for f in figs)
+    reward = json.loads(figs[0])
+    assert [len(t["x"]) for t in reward["data"]] == [100, 100]
+    # Nothing new: nothing re-read, nothing redrawn.
+    tok2, figs2, _ = wb.refresh_curves(tok, [rid], 0.6, "step")
+    assert tok2 == tok and figs2 == [None] * len(figs)
+    cursor = calls[-1][0]
+    assert cursor > 0 and calls[-1][1] == 0
+    wb.store.log_metrics(rid, 100, {"policy/reward_with_exp": 1.0})
+    _, figs3, status = wb.refresh_curves(tok, [rid], 0.6, "step")
+    assert calls[-1] == (cursor, 1)
+    assert figs3[0] is not None and figs3[1] is None  # only the reward panel changed
+    assert [len(t["x"]) for t in json.loads(figs3[0])["data"]] == [101, 101]
+    assert "1 new rows" in status
+
+
+def test_curves_view_changes_redraw_and_edits_are_marked(wb):
+    rid = wb.store.create_run("c")
+    t0 = time.time()
+    for s in range(10):
+        wb.store.log_metrics(rid, s, {"policy/reward_with_exp": float(s)}, at=t0 + s)
+    tok, figs, _ = wb.refresh_curves(None, [rid], 0.0, "time")
+    assert json.loads(figs[0])["layout"]["xaxis"]["type"] == "date"
+    eid = add(wb, "## Title: a\n## Description: b\n## Content: c")
+    wb.store.update_text(eid, "edited", expected_version=1, actor="human")
+    _, figs, status = wb.refresh_curves(tok, [rid], 0.0, "time")
+    assert all(f is not None for f in figs)
+    assert len(json.loads(figs[0])["layout"]["shapes"]) == 1 and "1 human edits" in status
+    _, figs, _ = wb.refresh_curves(tok, [rid], 0.3, "step")  # smoothing changed: redrawn
+    assert figs[0] is not None
+    _, figs, status = wb.refresh_curves(tok, [], 0.3, "step")
+    assert "choose one or more runs" in status
+    _, figs, _ = wb.refresh_curves(tok, ["999"], 0.3, "step")  # an unknown run is just empty
+    assert json.loads(figs[0])["data"] == []
+
+
+def test_curve_sessions_are_independent_and_bounded(wb):
+    rid = wb.store.create_run("c")
+    wb.store.log_metrics(rid, 0, {"policy/reward_with_exp": 1.0})
+    a, fa, _ = wb.refresh_curves(None, [rid])
+    b, fb, _ = wb.refresh_curves(None, [rid])
+    assert a != b and fa[0] is not None and fb[0] is not None
+    for _ in range(wb._max_sessions + 5):
+        wb.refresh_curves(None, [rid])
+    assert len(wb._curves) == wb._max_sessions
+
+
+# -- library --------------------------------------------------------------------------------------------
+
+
+def test_library_page_filter_sort_and_bad_input(wb):
+    for i in range(30):
+        add(wb, f"## Title: entry {i}\n## Description: d\n## Content: c{i}", env="minihack/Room-5x5" if i % 2 else "webshop")
+    df, info = wb.library_page(env="webshop", page=2, page_size=10)
+    assert len(df) == 5 and "entries 11–15 of 15" in info
+    df, _ = wb.library_page(sort="id", descending=True, page_size=5)
+    assert list(df["id"]) == [30, 29, 28, 27, 26]
+    df, info = wb.library_page(text="entry 7")
+    assert list(df["id"]) == [8]
+    df, info = wb.library_page(sort="not_a_column")
+    assert info.startswith("❌") and "sortable" in info
+    df, info = wb.library_page(page="x")
+    assert info.startswith("❌")
+    assert "webshop" in wb.library_facets()["env"]
+
+
+def test_semantic_search_uses_the_retrieval_embedder(wb):
+    add(wb, "## Title: Apples\n## Description: d\n## Content: apples are usually in the fridge", env="alfworld/pick_and_place",
+        task="put an apple in the microwave")
+    add(wb, "## Title: Stairs\n## Description: d\n## Content: walk diagonally to the staircase", task="reach the staircase down")
+    df, msg = wb.semantic_search("where is the apple", k=2)
+    assert df.iloc[0]["title"] == "Apples" and "score" in df.columns
+    before = wb.store.get(1).retrieved_count
+    assert before == 0  # a person's search is not counted as an actor's retrieval
+    df, msg = wb.semantic_search("   ")
+    assert len(df) == 0 and "type a query" in msg
+
+
+def test_open_edit_stale_archive_restore_diff_revert(wb):
+    eid = add(wb, "## Title: t\n## Description: d\n## Content: first")
+    d = wb.open_entry(eid)
+    assert d["version"] == 1 and d["text"].endswith("first") and d["error"] == ""
+    msg, v = wb.save_entry(eid, "## Title: t\n## Description: d\n## Content: second", 1)
+    assert msg.startswith("✅") and v == 2
+    assert wb.store.get(eid).text.endswith("second")
+    # Someone else edits; our edit based on version 2 is refused and nothing is lost.
+    wb.store.update_text(eid, "## Title: t\n## Description: d\n## Content: theirs", expected_version=2, actor="cli")
+    msg, v = wb.save_entry(eid, "## Title: t\n## Description: d\n## Content: mine", 2)
+    assert msg.startswith("❌") and "changed by someone else" in msg and "Content: theirs" in msg and v == 2
+    assert wb.store.get(eid).text.endswith("theirs")
+    assert "open an entry" in wb.save_entry(None, "x", None)[0]
+    assert "empty" in wb.save_entry(eid, "  ", 3)[0]
+    msg, v = wb.set_entry_status(eid, 3, "archived")
+    assert "archived" in msg and v == 4 and wb.store.get(eid).status is Status.ARCHIVED
+    msg, v = wb.set_entry_status(eid, 2, "active")  # stale
+    assert msg.startswith("❌")
+    msg, v = wb.set_entry_status(eid, 4, "active")
+    assert "restored" in msg and v == 5
+    html = wb.diff_versions(eid, 1, 3)
+    assert "d-del" in html and "first" in html and "theirs" in html
+    assert "no entry" in wb.diff_versions(9999, 1, 2) or "no version" in wb.diff_versions(9999, 1, 2)
+    msg, v = wb.revert_entry(eid, 1, 5)
+    assert msg.startswith("✅") and wb.store.get(eid).text.endswith("first") and v == 6
+    d = wb.open_entry(eid)
+    assert d["versions"] == [1, 2, 3, 4, 5, 6] and len(d["history"]) == 6
+    assert wb.open_entry("abc")["error"].startswith("❌")
+    assert "no entry with id 4242" in wb.open_entry(4242)["error"]
+
+
+def test_lineage_and_usage_in_the_panel(wb):
+    a = add(wb, "## Title: a\n## Description: d\n## Content: x", source_episode_id=17)
+    b = add(wb, "## Title: b\n## Description: d\n## Content: y")
+    wb.store.record_outcomes([(a, True, 1.0), (a, False, -1.0)], run_id=3, episode_ids=[11, 12], step=5)
+    d = wb.open_entry(a)
+    assert "Source episode: #17" in d["lineage"]
+    assert list(d["usage"]["episode"]) == [12, 11] and list(d["usage"]["outcome"]) == ["failure", "success"]
+    msg, nid = wb.accept_merge(f"{a}, {b}", "## Title: ab\n## Description: d\n## Content: x and y")
+    assert msg.startswith("✅") and nid
+    d = wb.open_entry(nid)
+    assert f"#{a}" in d["lineage"] and f"#{b}" in d["lineage"] and "Parents (2)" in d["lineage"]
+    assert f"#{nid}" in wb.open_entry(a)["lineage"]  # the parent lists its child
+
+
+def test_create_entry_and_running_trainer_sees_edits_within_2s(wb, embedder):
+    msg, eid = wb.create_entry("Keys", "when a door is locked", "pick up the key first", "minihack/KeyRoom-S5",
+                               "open the locked door")
+    assert msg.startswith("✅") and wb.store.get(eid).source is Source.MANUAL
+    assert wb.create_entry("", "", "", "", "")[0].startswith("❌")
+    # A trainer in another "process" (its own manager on the same store) polls the change feed.
+    cfg = LibraryConfig()
+    cfg.manager.diversify = False
+    trainer = ExperienceManager(wb.store, embedder, cfg.manager, cfg.index)
+    try:
+        hits = trainer.search_sync(["open the locked door"], k=1, task="minihack/KeyRoom-S5")[0]
+        assert hits and "pick up the key first" in hits[0].text
+        msg, _ = wb.save_entry(eid, "## Title: Keys\n## Description: d\n## Content: kick the door", 1)
+        assert msg.startswith("✅")
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 2.0:
+            hits = trainer.search_sync(["open the locked door"], k=1, task="minihack/KeyRoom-S5")[0]
+            if hits and "kick the door" in hits[0].text:
+                break
+            time.sleep(0.05)
+        assert hits and "kick the door" in hits[0].text, "the trainer did not see the edit within 2 s"
+    finally:
+        trainer.close()
+
+
+def test_merge_propose_preview_accept_undo(wb):
+    a = add(wb, "## Title: a\n## Description: d\n## Content: go east")
+    b = add(wb, "## Title: b\n## Description: d\n## Content: go east quickly")
+    text, note = wb.propose_merge(f"{a},{b}")
+    assert "go east" in text and "go east quickly" in text
+    try:
+        import trainers.extractor as ext  # noqa: F401
+
+        has_proposer = hasattr(ext, "propose_merge")
+    except Exception:
+        has_proposer = False
+    if not has_proposer:
+        assert "joined" in note
+    assert "at least two" in wb.propose_merge(str(a))[1]
+    assert "no entry with id 77" in wb.propose_merge(f"{a}, 77")[1]
+    html = wb.merge_preview(f"{a},{b}", "## Title: ab\n## Description: d\n## Content: go east")
+    assert html.count("comprl-diff") == 2
+    assert wb.accept_merge(f"{a},{b}", "  ")[0].startswith("❌")
+    msg, nid = wb.accept_merge(f"{a},{b}", "## Title: ab\n## Description: d\n## Content: go east")
+    assert msg.startswith("✅")
+    merged = wb.store.get(nid)
+    assert merged.parent_ids == [a, b] and merged.source is Source.MERGED
+    assert wb.store.get(a).status is Status.ARCHIVED
+    assert "archived" in wb.accept_merge(f"{a},{b}", "again")[0]
+    msg = wb.undo_merge(nid)
+    assert msg.startswith("✅") and wb.store.get(a).status is Status.ACTIVE and wb.store.get(nid).status is Status.ARCHIVED
+    assert wb.undo_merge(a).startswith("❌")  # not a merge
+
+
+def test_near_duplicate_queue(wb):
+    a = add(wb, "## Title: stairs\n## Description: d\n## Content: walk diagonally to the staircase")
+    b = add(wb, "## Title: stairs\n## Description: d\n## Content: walk diagonally to the staircase!")
+    add(wb, "## Title: apples\n## Description: d\n## Content: apples are in the fridge")
+    df, msg = wb.duplicate_clusters(0.95)
+    assert "1 near-duplicate clusters" in msg and df.iloc[0]["ids"] == f"{a}, {b}"
+    assert wb.cluster_ids(df, 0) == f"{a}, {b}"
+    assert wb.cluster_ids(df, 7) == ""
+    assert wb.duplicate_clusters("x")[1].startswith("❌")
+    assert wb.duplicate_clusters(3)[1].startswith("❌")
+
+
+def test_import_export_validation_and_cap(wb, tmp_path):
+    good = tmp_path / "good.jsonl"
+    good.write_text(json.dumps({"text": "## Title: a\n## Description: d\n## Content: c", "env": "webshop"}) + "\n")
+    assert wb.import_file(str(good)).startswith("✅ imported 1 entries")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{"text": ""}\nnot json\n')
+    msg = wb.import_file(str(bad))
+    assert msg.startswith("❌") and "line 2" in msg and "line 3" in msg and "nothing imported" in msg
+    assert wb.store.count(status=None) == 1  # nothing of the bad file
+    big = tmp_path / "big.jsonl"
+    big.write_text((json.dumps({"text": "x" * 100}) + "\n") * 200)  # ~21 kB, cap is 10 kB here
+    msg = wb.import_file(str(big))
+    assert "over the upload cap" in msg and wb.store.count(status=None) == 1
+    assert "choose a JSONL file" in wb.import_file(None)
+    assert "gone" in wb.import_file(str(tmp_path / "missing.jsonl"))
+    binary = tmp_path / "bin.jsonl"
+    binary.write_bytes(b"\xff\xfe\x00")
+    assert "UTF-8" in wb.import_file(str(binary))
+    path, msg = wb.export_library("all")
+    assert "exported 1 entries" in msg and Path(path).read_text().count("\n") == 1
+
+
+# -- A/B tests ------------------------------------------------------------------------------------------
+
+
+def test_ab_create_validates_everything_first(wb, tmp_path):
+    a = add(wb, "## Title: a\n## Description: d\n## Content: c")
+    base = dict(name="t", env="minihack/Room-5x5", seeds="0-9", checkpoint="", max_turns=None,
+                a_kind="current", a_arg="", a_file=None, b_kind="none", b_arg="", b_file=None)
+
+    def create(**kw):
+        return wb.create_ab_test(**{**base, **kw})
+
+    assert "give the test a name" in create(name=" ")[0]
+    assert "unknown env" in create(env="nope")[0]
+    assert "not a seed" in create(seeds="a-b")[0]
+    assert "not a model folder" in create(checkpoint=str(tmp_path / "nope"))[0]
+    assert "max turns" in create(max_turns="x")[0]
+    assert "does not exist" in create(a_kind="version", a_arg="99")[0]
+    assert "as a number" in create(a_kind="version", a_arg="v1")[0]
+    assert "name the entries" in create(a_kind="minus", a_arg="")[0]
+    assert "no entry with id 55" in create(b_kind="plus", b_arg="55")[0]
+    assert "upload an exported library" in create(a_kind="file")[0]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": ""}\n')
+    assert "line 1" in create(a_kind="file", a_file=str(bad))[0]
+    assert "same library" in create(b_kind="current")[0]
+    assert "kind must be one of" in create(a_kind="weird")[0]
+    assert wb.store.list_ab_tests() == []  # nothing created by bad input
+    msg, ab_id = create(a_kind="minus", a_arg=str(a))
+    if TRAINER:
+        assert msg.startswith("✅") and ab_id
+        cfg = wb.store.get_ab_test(ab_id)["config"]
+        assert cfg == {"env": "minihack/Room-5x5", "seeds": list(range(10)), "checkpoint": "", "max_turns": None,
+                       "arms": {"A": {"kind": "minus", "ids": [a]}, "B": {"kind": "none"}}}
+    else:
+        assert "trainer is not available" in msg and ab_id is None and wb.store.list_ab_tests() == []
+
+
+def test_ab_details_show_the_evaluators_results(wb):
+    config = {"env": "minihack/Room-5x5", "seeds": [0, 1], "checkpoint": "", "max_turns": None,
+              "arms": {"A": {"kind": "current"}, "B": {"kind": "none"}}}
+    ab = wb.store.create_ab_test("by hand", config)
+    summary, bar, res, tasks, eps = wb.ab_details(ab)
+    assert "created" in summary and len(res) == 0
+    wb.store.update_ab_test(ab, status="done", progress=1.0, results={
+        "arms": {"A": {"n": 2, "successes": 2, "rate": 1.0, "ci_low": 0.342, "ci_high": 1.0, "mean_actions": 4.0},
+                 "B": {"n": 2, "successes": 0, "rate": 0.0, "ci_low": 0.0, "ci_high": 0.658, "mean_actions": 9.0}},
+        "diff": 1.0, "p_value": 0.0455, "per_task": {"reach the stairs": {"A": 1.0, "B": 0.0}}})
+    tid = wb.store.add_trajectories([{"ab_test_id": ab, "env": "minihack/Room-5x5", "task": "reach the stairs", "seed": 0,
+                                      "success": True, "reward": 1.0, "num_actions": 4, "with_experience": True,
+                                      "steps": [{"observation": "o", "action": "east", "reward": 1.0, "kind": "action",
+                                                 "tool_query": "", "tool_answer": ""}]}])[0]
+    summary, bar, res, tasks, eps = wb.ab_details(ab)
+    assert "p-value **0.0455**" in summary and "100%" in bar
+    assert res.iloc[0]["Wilson 95% CI"] == "[0.34, 1.00]" and len(tasks) == 1
+    assert list(eps["episode"]) == [tid]
+    assert "east" in wb.replay(tid)
+    assert "no A/B test" in wb.ab_details(999)[0]
+    assert "choose" in wb.ab_details(None)[0]
+    assert wb.ab_tests_table().iloc[0]["rate A"] == "1.00"
+
+
+# -- agent demo -----------------------------------------------------------------------------------------
+
+
+def test_expert_plays_an_episode_with_retrieved_experience(wb):
+    add(wb, "## Title: Stairs\n## Description: d\n## Content: the stairs are usually in a corner", env="minihack/Room-5x5")
+    tok, html, status = wb.demo_start(None, "expert", "minihack/Room-5x5", 0, "", "current")
+    assert "ready" in status and "turn 0" in html and "stairs are usually in a corner" in html
+    done = False
+    for _ in range(60):
+        html, status, done = wb.demo_step(tok)
+        if done:
+            break
+    assert done and "episode over" in status and "success" in status
+    assert "turn 1" in html
+    html, status, done = wb.demo_step(tok)  # stepping a finished episode changes nothing
+    assert done
+    tok2, html, status = wb.demo_start(tok, "expert", "minihack/Room-5x5", 1, "", "none")
+    assert "no experience shown" in html and tok2 != tok
+    assert "start an episode first" in wb.demo_step("unknown")[1]
+
+
+def test_demo_bad_input(wb):
+    assert "whole number" in wb.demo_start(None, "expert", "minihack/Room-5x5", "x")[2]
+    assert "unknown env" in wb.demo_start(None, "expert", "nope/env", 0)[2]
+    if not TRAINER:
+        msg = wb.demo_start(None, "policy", "minihack/Room-5x5", 0)[2]
+        assert "trainers.rollout" in msg
+
+
+def test_replay_and_episode_lists(wb):
+    rid = wb.store.create_run("r")
+    tid = wb.store.add_trajectories([{"run_id": rid, "env": "minihack/Room-5x5", "task": "reach", "seed": 3, "success": False,
+                                      "reward": -1.0, "num_actions": 1,
+                                      "steps": [{"observation": "a wall", "action": "north", "reward": 0.0}]}])[0]
+    assert list(wb.episodes(run_id=rid)["episode"]) == [tid]
+    assert len(wb.episodes(run_id=rid + 1)) == 0
+    assert "a wall" in wb.replay(tid) and "failure" in wb.replay(tid)
+    assert "no stored episode" in wb.replay(9999)
+    assert "give an episode id" in wb.replay("x")
+
+
+def test_overview(wb):
+    wb.store.create_run("r", status="running")
+    md = wb.overview_md()
+    assert "1 runs (1 running)" in md and str(wb.data_dir) in md
