@@ -455,8 +455,9 @@ def _writable_dir(path: Path | None) -> Path:
         return path
     except OSError:
         # A read-only home (CI sandboxes) should not stop the env: fall back to a temp dir.
-        fallback = Path(tempfile.gettempdir()) / "comprl-alfworld-cache"
-        fallback.mkdir(parents=True, exist_ok=True)
+        # Per user and private: the cache holds pickles, which only their writer should supply.
+        fallback = Path(tempfile.gettempdir()) / f"comprl-alfworld-cache-{os.getuid()}"
+        fallback.mkdir(mode=0o700, parents=True, exist_ok=True)
         return fallback
 
 
@@ -531,8 +532,9 @@ def _official_goal(game: Path) -> Goal:
 # done four times: normal and "optimized" translations, once in load() and again in reset())
 # and parsing text with TatSu: the grammar document (~0.3 s per load) and, on every step, each
 # admissible command's template and fact query (~0.1 s per step). All are pure functions of their
-# text inputs, so they are memoised here (in memory, and on disk for the two slow per-game ones);
-# the game logic itself is untouched.
+# text inputs, so they are memoised here (in memory, and on disk for the two slow per-game ones).
+# Last, the text generator deep-copies its derivation context for every symbol; a one-level copy
+# is equivalent (see _shallow_copy_context). The game logic itself is untouched.
 
 _MEMO: dict[tuple[str, str], Any] = {}
 _MEMO_SIZE = 128
@@ -625,6 +627,22 @@ def _memo_query_parse(original: Any) -> Any:
     return parse_and_convert
 
 
+def _shallow_copy_context(context: dict[str, Any]) -> dict[str, Any]:
+    """textgen.copy_context without its deep copies (~80% of a step's time). Derivation only
+    adds keys to the `variables` and `mapping` dicts and reads the entities and variables in
+    them, so copying the two dicts one level deep keeps every caller's context independent."""
+    return {
+        "state": context["state"],
+        "facts": context["facts"],
+        "variables": dict(context["variables"]),
+        "mapping": dict(context["mapping"]),
+        "entity_infos": context["entity_infos"],
+    }
+
+
+_shallow_copy_context.comprl_memo = True  # type: ignore[attr-defined]
+
+
 def _install_speedups() -> None:
     import fast_downward
     import textworld.envs.pddl.logic as pddl_logic
@@ -637,6 +655,7 @@ def _install_speedups() -> None:
                                (tw_logic, "_parse_and_convert", _memo_query_parse)):
         if not getattr(getattr(module, attr), "comprl_memo", False):
             setattr(module, attr, wrap(getattr(module, attr)))
+    textgen.copy_context = _shallow_copy_context
 
 
 # ---------------------------------------------------------------------------------------------
@@ -698,6 +717,7 @@ class AlfworldEnv:
         self.priors = load_priors(priors_path or PRIORS_PATH)
         self.task = ""
         self._official: list[Path] | None = None
+        self._solvable_memo: dict[Path, bool] = {}
         if split is not None:
             self._official = official_game_files(_official_root(data_dir), split, self.task_types)
         self.cache_dir = _writable_dir(Path(cache_dir) if cache_dir else None)
@@ -749,13 +769,22 @@ class AlfworldEnv:
         truncated = not won and self.turns >= self.max_turns
         self.done = terminated or truncated
         self.history.append((action, obs))
-        return obs, (1.0 if won and not invalid else 0.0), terminated, truncated, self._info(invalid=invalid)
+        return obs, (1.0 if won else 0.0), terminated, truncated, self._info(invalid=invalid)
 
     def close(self) -> None:
         if self._tw is not None:
+            import fast_downward
+
+            # Each PddlEnv loads a private copy of fast-downward's library; unload it so that
+            # processes making many envs do not accumulate copies.
+            lib = getattr(self._tw.unwrapped, "downward_lib", None)
             self._tw.close()
             self._tw = None
             self._loaded = None
+            self._state = None
+            if lib is not None:
+                fast_downward.close_lib(lib)
+        self.done = True
 
     # -- hints ---------------------------------------------------------------------------------
 
@@ -772,15 +801,29 @@ class AlfworldEnv:
 
     def _game_for(self, seed: int) -> Path:
         if self._official is not None:
-            game = self._official[seed % len(self._official)]
-            self.instance = None
-            self.goal = _official_goal(game)
-            return game
+            # Like AlfredTWEnv, play only games marked solvable; skip forward deterministically.
+            n = len(self._official)
+            for k in range(n):
+                game = self._official[(seed + k) % n]
+                if self._solvable(game):
+                    self.instance = None
+                    self.goal = _official_goal(game)
+                    return game
+            raise EnvError(f"none of the {n} ALFWorld games for {self.name} is marked solvable; "
+                           "regenerate them with `alfworld-generate`")
         task_type = self.task_types[random.Random(f"comprl-alfworld/type/{seed}").randrange(len(self.task_types))]
         inst = generate_instance(task_type, seed, self.priors)
         self.instance = inst
         self.goal = inst.goal
         return write_game(inst, self.cache_dir)
+
+    def _solvable(self, game: Path) -> bool:
+        if game not in self._solvable_memo:
+            try:
+                self._solvable_memo[game] = bool(json.loads(game.read_text()).get("solvable", False))
+            except (OSError, ValueError):
+                self._solvable_memo[game] = False
+        return self._solvable_memo[game]
 
     def _start(self, game: Path) -> None:
         import textworld
