@@ -189,7 +189,11 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sizes", default=None, help="comma-separated library sizes")
     ap.add_argument("-k", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads for the embedder (1 is fastest on a busy 2-core box)")
     args = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else ([1000, 10_000] if args.quick else [1000, 10_000, 100_000])
     repeats = 10 if args.quick else 30
     cfg = EmbeddingConfig(cache_size=0)

@@ -51,6 +51,7 @@ class IndexConfig:
     ivf_nlist: int = 0  # IVF cells; 0 = 4*sqrt(n) at build time
     ivf_nprobe: int = 16  # IVF cells visited per query
     use_gpu: str = "auto"  # "auto" (GPU faiss when importable and a GPU is present), "never", "always"
+    omp_threads: int = 1  # faiss OpenMP threads per search; the manager parallelises over its W workers instead (0 = faiss default)
 
     def __post_init__(self) -> None:
         if self.kind not in ("flat", "hnsw", "ivf"):

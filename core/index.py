@@ -49,6 +49,11 @@ class VectorIndex:
         self._groups: dict[str, _Group] = {}
         self._group_of: dict[int, str] = {}
         self._gpu_res = None
+        if self.cfg.omp_threads:
+            # Process-wide. Nested parallelism (W search workers × OpenMP threads) and OpenMP's spinning
+            # barriers on a busy small CPU cost more than they give: measured 53 ms vs 0.4 ms for a BLAS
+            # product of the same shape at 1k entries under load.
+            faiss.omp_set_num_threads(self.cfg.omp_threads)
         want_gpu = self.cfg.use_gpu == "always" or (self.cfg.use_gpu == "auto" and gpu_available())
         if self.cfg.use_gpu == "always" and not gpu_available():
             raise ConfigError("index.use_gpu is 'always' but faiss-gpu or a GPU is missing; pip install -e '.[gpu]' or set it to 'auto'")

@@ -64,63 +64,67 @@ def _tensors(rows: Sequence[Row], pad_id: int) -> tuple[torch.Tensor, torch.Tens
     return ids, attn, mask, old
 
 
+def row_logprobs(backend, ids: torch.Tensor, attn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logp (N, T) with logp[:, t] = log p(ids[t] | ids[:t]) and 0 at t = 0, full log-softmax (N, T-1, V))."""
+    logits = backend.model(input_ids=ids.to(backend.device), attention_mask=attn.to(backend.device)).logits.float()
+    logp_all = torch.log_softmax(logits[:, :-1], dim=-1)  # (N, T-1, V)
+    logp = torch.zeros(ids.shape, device=backend.device)
+    logp[:, 1:] = logp_all.gather(-1, ids[:, 1:].to(backend.device)[..., None]).squeeze(-1)
+    return logp, logp_all
+
+
+def policy_gradient(backend, rows: Sequence[Row], loss_cfg, micro_batch: int) -> dict[str, float]:
+    """Accumulate the gradient of the full-batch objective into .grad, micro-batch by micro-batch."""
+    subgroups = [g for g in ([r for r in rows if r.with_exp], [r for r in rows if not r.with_exp]) if g]
+    tokens = [sum(len(r.ids) - r.start for r in g) for g in subgroups]
+    total_loss, ent_sum, ent_n = 0.0, 0.0, 0
+    kl = clip = ratio = 0.0
+    for g, n_tok in zip(subgroups, tokens):
+        g = sorted(g, key=lambda r: len(r.ids))  # similar lengths per micro-batch: less padding
+        for s in range(0, len(g), micro_batch):
+            mb = g[s:s + micro_batch]
+            ids, attn, mask, old = _tensors(mb, backend.pad_id)
+            logp, logp_all = row_logprobs(backend, ids, attn)
+            mask_d, old_d = mask.to(backend.device), old.to(backend.device)
+            a = torch.tensor([r.adv for r in mb], dtype=torch.float32, device=backend.device)  # (N,)
+            loss_mb, st = clipped_surrogate_loss(logp, old_d, a, mask_d, None, eps=loss_cfg.eps, level=loss_cfg.ratio_level)
+            share = float(mask.sum()) / n_tok
+            # token mean within this subgroup over the whole batch, then the mean over subgroups (METHOD.md)
+            loss = loss_mb * share / len(subgroups)
+            loss.backward()
+            total_loss += float(loss.detach())
+            kl += st["approx_kl"] * share / len(subgroups)
+            clip += st["clip_frac"] * share / len(subgroups)
+            ratio += st["ratio_mean"] * share / len(subgroups)
+            with torch.no_grad():
+                ent = -(logp_all.exp() * logp_all).sum(-1)  # (N, T-1)
+                m = mask_d[:, 1:]
+                ent_sum += float((ent * m).sum())
+                ent_n += int(m.sum())
+    return {"policy/loss": total_loss, "policy/kl_to_old": kl, "policy/clip_frac": clip, "policy/ratio_mean": ratio,
+            "policy/entropy": ent_sum / max(1, ent_n)}
+
+
 def actor_update(backend, optimizer: torch.optim.Optimizer, episodes: Sequence[Episode], loss_cfg, model_cfg) -> dict[str, float]:
-    """One optimiser step on a batch of episodes; returns policy/* metrics."""
+    """One optimiser step per epoch on a batch of episodes; returns policy/* metrics."""
     adv = episode_advantages(episodes, normalize_std=loss_cfg.normalize_std, joint=loss_cfg.joint_normalization)
-    frac_nonzero = float((adv != 0).float().mean()) if len(adv) else 0.0
     rows = build_rows(episodes, adv)
-    stats: dict[str, float] = {"policy/frac_nonzero_adv": frac_nonzero, "policy/rows": float(len(rows)),
+    stats: dict[str, float] = {"policy/frac_nonzero_adv": float((adv != 0).float().mean()) if len(adv) else 0.0,
+                               "policy/rows": float(len(rows)),
                                "policy/adv_abs_mean": float(adv.abs().mean()) if len(adv) else 0.0}
     if not rows:
         stats.update({"policy/loss": 0.0, "policy/grad_norm": 0.0, "policy/skipped": 1.0})
         return stats
-    params = [p for p in backend.trainable_parameters()]
-    model = backend.model
-    model.train()
-    subgroups = [[r for r in rows if r.with_exp], [r for r in rows if not r.with_exp]]
-    subgroups = [g for g in subgroups if g]
-    tokens = [sum(len(r.ids) - r.start for r in g) for g in subgroups]
-    total_loss, ent_sum, ent_n = 0.0, 0.0, 0
-    kls, clips, ratios = [], [], []
-    for _ in range(max(1, loss_cfg.epochs)):
-        optimizer.zero_grad(set_to_none=True)
-        for g, n_tok in zip(subgroups, tokens):
-            g = sorted(g, key=lambda r: len(r.ids))  # similar lengths per micro-batch: less padding
-            for s in range(0, len(g), model_cfg.micro_batch):
-                mb = g[s:s + model_cfg.micro_batch]
-                ids, attn, mask, old = _tensors(mb, backend.pad_id)
-                logits = model(input_ids=ids.to(backend.device), attention_mask=attn.to(backend.device)).logits.float()
-                logp_all = torch.log_softmax(logits[:, :-1], dim=-1)  # (N, T-1, V)
-                tgt = ids[:, 1:].to(backend.device)
-                logp = torch.zeros(ids.shape, device=backend.device)
-                logp[:, 1:] = logp_all.gather(-1, tgt[..., None]).squeeze(-1)  # (N, T): log p(ids[t] | ids[:t])
-                mask_d, old_d = mask.to(backend.device), old.to(backend.device)
-                a = torch.tensor([r.adv for r in mb], dtype=torch.float32, device=backend.device)  # (N,)
-                loss_mb, st = clipped_surrogate_loss(logp, old_d, a, mask_d, None, eps=loss_cfg.eps, level=loss_cfg.ratio_level)
-                share = float(mask.sum()) / n_tok
-                # token mean over this subgroup, then the mean over subgroups (METHOD.md)
-                loss = loss_mb * share / len(subgroups)
-                loss.backward()
-                total_loss += float(loss)
-                kls.append(st["approx_kl"] * share)
-                clips.append(st["clip_frac"] * share)
-                ratios.append(st["ratio_mean"] * share)
-                with torch.no_grad():
-                    p = logp_all.exp()
-                    ent = -(p * logp_all).sum(-1)  # (N, T-1)
-                    m = mask_d[:, 1:]
-                    ent_sum += float((ent * m).sum())
-                    ent_n += int(m.sum())
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, model_cfg.grad_clip)
-        optimizer.step()
-    model.eval()
-    n_sub = len(subgroups) * max(1, loss_cfg.epochs)
-    stats.update({
-        "policy/loss": total_loss / max(1, loss_cfg.epochs),
-        "policy/grad_norm": float(grad_norm) if math.isfinite(float(grad_norm)) else -1.0,
-        "policy/kl_to_old": sum(kls) / n_sub,
-        "policy/clip_frac": sum(clips) / n_sub,
-        "policy/ratio_mean": sum(ratios) / n_sub,
-        "policy/entropy": ent_sum / max(1, ent_n),
-    })
+    params = list(backend.trainable_parameters())
+    backend.model.train()
+    try:
+        for _ in range(max(1, loss_cfg.epochs)):
+            optimizer.zero_grad(set_to_none=True)
+            stats.update(policy_gradient(backend, rows, loss_cfg, model_cfg.micro_batch))
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, model_cfg.grad_clip))
+            optimizer.step()
+    finally:
+        backend.model.eval()
+    stats["policy/grad_norm"] = grad_norm if math.isfinite(grad_norm) else -1.0
+    stats["policy/skipped"] = 0.0
     return stats
