@@ -716,21 +716,22 @@ class AlfworldEnv:
         self.split = split
         self.priors = load_priors(priors_path or PRIORS_PATH)
         self.task = ""
-        self._official: list[Path] | None = None
+        self.official_games: list[Path] | None = None  # with `split`: the split's game files
         self._solvable_memo: dict[Path, bool] = {}
         if split is not None:
-            self._official = official_game_files(_official_root(data_dir), split, self.task_types)
+            self.official_games = official_game_files(_official_root(data_dir), split, self.task_types)
         self.cache_dir = _writable_dir(Path(cache_dir) if cache_dir else None)
         self._tw = None  # the textworld env, started on first reset
-        self._loaded: Path | None = None
+        self.game_file: Path | None = None  # the .tw-pddl file being played
+        self.world: WorldView | None = None  # the game state as facts, refreshed every step (for experts)
         self._state: Any = None
         self._rng = random.Random()
         self.instance: Instance | None = None
         self.goal: Goal | None = None
         self.turns = 0
         self.done = True
-        self.observed: set[str] = set()
-        self.history: list[tuple[str, str]] = []
+        self.observed: set[str] = set()  # receptacles whose contents the agent has seen this episode
+        self.history: list[tuple[str, str]] = []  # (action, observation); the first has action ""
 
     # -- protocol ------------------------------------------------------------------------------
 
@@ -746,7 +747,7 @@ class AlfworldEnv:
         obs = self._state.feedback.strip()
         self.task = _task_text(obs)
         self.history = [("", obs)]
-        self._view = self._read_view()
+        self.world = self._read_view()
         return obs, self._info(invalid=False)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -756,9 +757,9 @@ class AlfworldEnv:
         command = normalise_action(action)
         admissible = list(self._state.admissible_commands)
         if command in admissible:
-            self._state, score, _ = self._tw.step(command)
+            self._state, _, _ = self._tw.step(command)
             obs = self._state.feedback.strip()
-            self._view = self._read_view()
+            self.world = self._read_view()
             self._note_observed(command)
             invalid = False
         else:
@@ -780,7 +781,7 @@ class AlfworldEnv:
             lib = getattr(self._tw.unwrapped, "downward_lib", None)
             self._tw.close()
             self._tw = None
-            self._loaded = None
+            self.game_file = None
             self._state = None
             if lib is not None:
                 fast_downward.close_lib(lib)
@@ -800,11 +801,11 @@ class AlfworldEnv:
     # -- internals -----------------------------------------------------------------------------
 
     def _game_for(self, seed: int) -> Path:
-        if self._official is not None:
+        if self.official_games is not None:
             # Like AlfredTWEnv, play only games marked solvable; skip forward deterministically.
-            n = len(self._official)
+            n = len(self.official_games)
             for k in range(n):
-                game = self._official[(seed + k) % n]
+                game = self.official_games[(seed + k) % n]
                 if self._solvable(game):
                     self.instance = None
                     self.goal = _official_goal(game)
@@ -835,10 +836,10 @@ class AlfworldEnv:
         infos = textworld.EnvInfos(won=True, admissible_commands=True)
         if self._tw is None:
             self._tw = textworld.start(str(game), request_infos=infos, wrappers=[AlfredDemangler])
-        elif self._loaded != game:
+        elif self.game_file != game:
             # Reuse the env (and its copy of fast-downward's library); only the game changes.
             self._tw.load(str(game))
-        self._loaded = game
+        self.game_file = game
         self._state = self._tw.reset()
 
     def _read_view(self) -> WorldView:
@@ -878,7 +879,7 @@ class AlfworldEnv:
 
     def _note_observed(self, command: str) -> None:
         """Record which receptacles' contents the agent has now seen (the prior expert's knowledge)."""
-        view = self._view
+        view = self.world
         for recep in view.here:
             named = re.search(rf"\b{re.escape(recep)}(?!\d)", command) is not None
             if named and (recep not in view.openable or recep in view.opened):
@@ -931,7 +932,7 @@ def alfworld_expert(env: AlfworldEnv, mode: str = "oracle") -> str:
         raise ValueError(f"unknown expert mode {mode!r}; use 'oracle' or 'prior'")
     if env.goal is None or env.done:
         raise RuntimeError("alfworld_expert needs a running episode: call env.reset() first")
-    view, goal, priors = env._view, env.goal, env.priors
+    view, goal, priors = env.world, env.goal, env.priors
     known = set(view.receptacles) if mode == "oracle" else set(env.observed)
 
     def known_objects(of_type: str) -> list[str]:

@@ -80,10 +80,10 @@ def test_observation_task_and_admissible_actions(envs):
 
 def test_game_matches_generated_instance(envs):
     """The demangled names the game shows are the instance's names, objects where it put them."""
-    for task_type in ("pick_and_place", "look_at_obj_in_light"):
+    for task_type in ALFWORLD_TASK_TYPES:  # every scene kind, sinkbasin / bathtubbasin names included
         env = envs[task_type]
         env.reset(seed=1)
-        inst, view = env.instance, env._view
+        inst, view = env.instance, env.world
         assert sorted(view.receptacles) == sorted(n for n, _ in inst.receptacles)
         placed = inst.objects + ([inst.light] if inst.light else [])
         assert {o: r for o, _, r in placed} == view.where
@@ -215,7 +215,7 @@ def test_game_files_are_cached(cache_dir):
     try:
         env.reset(seed=123)
         files = set(cache_dir.glob("*.tw-pddl"))
-        game = json.loads(env._loaded.read_text())
+        game = json.loads(env.game_file.read_text())
         assert {"pddl_domain", "grammar", "pddl_problem"} <= set(game) and "UNKNOWN GOAL" not in game["grammar"]
         assert "(:domain alfred)" in game["pddl_problem"]
         assert list((cache_dir / "sas").glob("*.pkl")) and list((cache_dir / "twl2").glob("*.pkl"))
@@ -288,7 +288,7 @@ def test_official_game_tree_loads_and_plays(tmp_path, cache_dir):
     _write_official_game(train, aw.generate_instance("look_at_obj_in_light", 0), "trial_T4")
     env = make_env("alfworld/pick_and_place", split="train", data_dir=str(tmp_path), cache_dir=cache_dir)
     try:
-        assert len(env._official) == 3  # not the look_at game, not the sliced one
+        assert len(env.official_games) == 3  # not the look_at game, not the sliced one
         intros = set()
         for seed in range(3):
             won, _ = play(env, seed, "oracle")
@@ -331,6 +331,22 @@ def test_speedups_change_nothing(envs):
         obs, _, terminated, truncated, info = env.step(actions[-1])
         ours.append([obs, info["admissible_actions"]])
         done = terminated or truncated
-    out = subprocess.run([sys.executable, "-c", _PLAIN_REPLAY, str(env._loaded), json.dumps(actions)],
+    out = subprocess.run([sys.executable, "-c", _PLAIN_REPLAY, str(env.game_file), json.dumps(actions)],
                          capture_output=True, text=True, timeout=120, check=True)
     assert json.loads(out.stdout) == ours
+
+
+def test_pddl_ids_demangle_to_the_names_the_game_shows():
+    """Every receptacle and object kind in the priors, several instances each, through alfworld's
+    own Demangler (the game lower-cases PDDL names first)."""
+    from types import SimpleNamespace
+
+    from alfworld.agents.utils.misc import Demangler
+
+    priors = aw.load_priors()
+    kinds = {r for scene in priors.scenes.values() for r in scene.receptacles} | set(priors.objects) | set(priors.lights)
+    kinds |= {"bathtubbasin", "sinkbasin"}
+    names = [f"{kind} {i}" for kind in sorted(kinds) for i in range(1, 12)]
+    ids = {aw._pddl_id(name, 11).lower(): name for name in names}
+    demangler = Demangler(game_infos={i: SimpleNamespace(id=i) for i in ids})
+    assert {i: demangler.demangle_alfred_name(i).strip() for i in ids} == ids
