@@ -1,0 +1,142 @@
+"""`comprl train` end to end as a separate process: a short run, SIGKILL and resume, a bad config."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from core.store import ExperienceStore
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> Path:
+    """Tiny random-weight policy and extractor folders (the warm start is tested elsewhere)."""
+    from trainers.models import build_tiny_qwen2, build_tokenizer, save_model_folder
+    from trainers import prompts as P
+
+    d = tmp_path_factory.mktemp("models")
+    tok = build_tokenizer([P.ACTOR_SYSTEM, P.ACTOR_USER, P.EXTRACTOR_USER, "north east south west"] * 30, vocab_size=400)
+    for name in ("policy", "extractor"):
+        save_model_folder(build_tiny_qwen2(tok, hidden=32, layers=1, heads=2, kv_heads=1, seed=1), tok, d / name)
+    return d
+
+
+def write_config(path: Path, models: Path, *, variant: str = "complementary", steps: int = 2, extra: str = "") -> Path:
+    path.write_text(f"""
+run: {{name: test-{variant}, variant: {variant}, max_steps: {steps}, eval_episodes: 2, checkpoint_every: 1, threads: 1}}
+env: {{names: {{minihack/Room-5x5: 1.0}}, max_turns: 3}}
+actor: {{path: {models / 'policy'}, max_new_tokens: 4}}
+rollout: {{tasks_per_step: 1, group_size: 4, with_experience: 2}}
+extractor: {{model: {{path: {models / 'extractor'}, max_new_tokens: 24}}, buffer_size: 4, merge_every: 2}}
+{extra}
+""")
+    return path
+
+
+def comprl(*args: str, data: Path, **kw) -> subprocess.Popen:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.Popen([sys.executable, "-m", "app.cli", *args, "--data-dir", str(data)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def test_two_step_run_end_to_end(tmp_path, models):
+    cfg = write_config(tmp_path / "c.yaml", models)
+    p = comprl("train", str(cfg), data=tmp_path / "data")
+    out, _ = p.communicate(timeout=600)
+    assert p.returncode == 0, out
+    store = ExperienceStore(f"sqlite:///{tmp_path / 'data' / 'workbench.db'}")
+    run = store.list_runs()[0]
+    assert run["status"] == "finished" and run["step"] == 2 and "hf (transformers)" in run["backend"]
+    m = store.latest_metrics(run["id"])
+    for key in ("policy/success_with_exp", "policy/success_without_exp", "policy/actions_with_exp", "policy/frac_nonzero_adv",
+                "rollout/episodes_per_s", "rollout/tokens_per_s", "retrieval/latency_p50_ms", "extractor/parse_failures",
+                "library/size", "eval/success_without_exp", "eval/success_with_exp"):
+        assert key in m, key
+    assert store.metrics_since(run["id"], ["policy/success_without_exp"])[-1][2] == 2  # one point per step
+    assert len(store.list_trajectories(run_id=run["id"])) > 0
+    ck = Path(run["checkpoint_dir"])
+    latest = ck / (ck / "latest").read_text().strip()
+    assert (latest / "policy" / "config.json").exists() and (latest / "extractor" / "config.json").exists()
+    assert (latest / "state.pt").exists()
+
+
+def test_bad_config_stops_before_any_work(tmp_path, models):
+    bad = write_config(tmp_path / "bad.yaml", models, extra="loss: {ratio_level: per-word}")
+    p = comprl("train", str(bad), data=tmp_path / "data")
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 2
+    assert "loss.ratio_level" in out and "Traceback" not in out
+    assert not (tmp_path / "data" / "workbench.db").exists() or not ExperienceStore(
+        f"sqlite:///{tmp_path / 'data' / 'workbench.db'}").list_runs()
+
+
+def test_sigkill_then_resume_loses_nothing(tmp_path, models):
+    data = tmp_path / "data"
+    cfg = write_config(tmp_path / "c.yaml", models, variant="grpo", steps=5)
+    p = comprl("train", str(cfg), data=data, start_new_session=True)
+    store = None
+    deadline = time.time() + 400
+    while time.time() < deadline:
+        time.sleep(0.5)
+        db = data / "workbench.db"
+        if db.exists():
+            store = store or ExperienceStore(f"sqlite:///{db}")
+            runs = store.list_runs()
+            if runs and runs[0]["step"] >= 2 and (data / "runs" / str(runs[0]["id"]) / "checkpoints" / "latest").exists():
+                break
+    else:
+        p.kill()
+        pytest.fail("the run never reached step 2")
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait(timeout=30)
+    run_id = store.list_runs()[0]["id"]
+    killed_at = store.get_run(run_id)["step"]
+    store.add_entry("a person's entry written while the run was dead", env="minihack/Room-5x5", actor="human")
+    entries_before = store.count(status=None)
+    r = comprl("train", "--resume", str(run_id), data=data)
+    out, _ = r.communicate(timeout=600)
+    assert r.returncode == 0, out
+    assert "resumed run" in out
+    run = store.get_run(run_id)
+    assert run["status"] == "finished" and run["step"] == 5
+    steps = sorted({s for _, _, s, _, _ in store.metrics_since(run_id, ["policy/success_without_exp"])})
+    assert steps == [1, 2, 3, 4, 5] and killed_at >= 2
+    assert store.count(status=None) >= entries_before  # no experience entry lost
+
+
+def test_pause_resume_stop_commands(tmp_path, models):
+    data = tmp_path / "data"
+    cfg = write_config(tmp_path / "c.yaml", models, variant="grpo", steps=50)
+    p = comprl("train", str(cfg), data=data)
+    deadline = time.time() + 300
+    store = None
+    while time.time() < deadline:
+        time.sleep(0.5)
+        if (data / "workbench.db").exists():
+            store = store or ExperienceStore(f"sqlite:///{data / 'workbench.db'}")
+            runs = store.list_runs()
+            if runs and runs[0]["step"] >= 1:
+                break
+    run_id = store.list_runs()[0]["id"]
+    store.send_command(run_id, "pause")
+    t0 = time.time()
+    while store.get_run(run_id)["status"] != "paused" and time.time() - t0 < 120:
+        time.sleep(0.3)
+    assert store.get_run(run_id)["status"] == "paused"
+    step = store.get_run(run_id)["step"]
+    time.sleep(2)
+    assert store.get_run(run_id)["step"] == step  # nothing happens while paused
+    store.send_command(run_id, "resume")
+    store.send_command(run_id, "stop")
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode == 0, out
+    run = store.get_run(run_id)
+    assert run["status"] == "stopped" and run["step"] < 50
+    assert (Path(run["checkpoint_dir"]) / "latest").exists()  # a graceful stop writes a checkpoint
