@@ -160,7 +160,12 @@ class ExperienceLoop:
         self.templates = P.load_templates(self.xc.templates_file or None)
         path = str(checkpoint / "extractor") if checkpoint is not None and (checkpoint / "extractor").exists() \
             else resolve_model_path(self.xc.model.path, data_dir)
-        self.backend = HFBackend(path, device=self.xc.model.device, num_threads=cfg.run.threads or None)
+        self.backend = HFBackend(path, device=self.xc.model.device, num_threads=cfg.run.threads or None)  # the learner
+        self.infer = self.backend  # what generates; vLLM when configured, synced after every update
+        if self.xc.model.backend == "vllm":
+            from trainers.models import load_backend
+
+            self.infer = load_backend("vllm", path)
         self.trains = cfg.trains_extractor
         self.optimizer = torch.optim.AdamW(self.backend.trainable_parameters(), lr=self.xc.model.lr) if self.trains else None
         self.updates = 0  # extractor updates so far: the clock of Eq. 7's cooldown
@@ -180,9 +185,9 @@ class ExperienceLoop:
     def _generate(self, user_texts: Sequence[str], *, seed: int, greedy: bool = False) -> list[Generation]:
         msgs = [[{"role": "system", "content": self.templates["EXTRACTOR_SYSTEM"]}, {"role": "user", "content": u}]
                 for u in user_texts]
-        prompts = [list(self.backend.apply_chat_template(m, add_generation_prompt=True, tokenize=True)) for m in msgs]
+        prompts = [list(self.infer.apply_chat_template(m, add_generation_prompt=True, tokenize=True)) for m in msgs]
         mc = self.xc.model
-        outs = self.backend.generate(prompts, max_new_tokens=mc.max_new_tokens, temperature=0.0 if greedy else mc.temperature,
+        outs = self.infer.generate(prompts, max_new_tokens=mc.max_new_tokens, temperature=0.0 if greedy else mc.temperature,
                                      top_p=mc.top_p, seed=seed)
         return [Generation(prompt=u, response=o.text, prompt_ids=p, response_ids=list(o.token_ids),
                            response_logprobs=list(o.logprobs), model_version=self.updates)
@@ -361,6 +366,8 @@ class ExperienceLoop:
             self.optimizer.step()
             model.eval()
         self.updates += 1
+        if self.infer is not self.backend:
+            self.infer.sync_weights(self.backend.state_dict_for_sync())
         trained = [s.entry_id for s in batch if s.entry_id is not None]
         # recorded at the update's index, so the next update sees steps_since_trained = 1
         self.store.record_trained(trained, self.updates - 1)

@@ -1,0 +1,38 @@
+"""Run configs: every shipped YAML loads; a bad field or value is refused with its name."""
+from __future__ import annotations
+
+import pytest
+
+from core.config import ConfigError
+from trainers.config import load_run_config, shipped_configs
+
+
+def test_every_shipped_config_loads():
+    names = shipped_configs()
+    assert "minihack_room_cpu" in names and "paper_gpu" in names
+    for path in names.values():
+        cfg = load_run_config(path)
+        assert cfg.env.names
+
+
+@pytest.mark.parametrize("text,field", [
+    ("run: {variant: ppo}", "run.variant"),
+    ("run: {max_stesp: 3}", "run.max_stesp"),
+    ("rollout: {group_size: 4, with_experience: 6}", "rollout.with_experience"),
+    ("actor: {lr: fast}", "actor.lr"),
+    ("env: {names: {minihack/Room-5x5: -1}}", "env.names"),
+    ("library: {index: {kind: annoy}}", "index.kind"),
+    ("extractor: {model: {backend: tgi}}", "backend"),
+    ("run: [1, 2]", "run"),
+    ("run: {variant: grpo", "not valid YAML"),
+])
+def test_bad_values_name_the_field(text, field):
+    with pytest.raises(ConfigError) as e:
+        load_run_config(text + "\n")
+    assert field in str(e.value)
+
+
+def test_partial_sections_keep_their_defaults():
+    cfg = load_run_config("extractor: {model: {lr: 3.0e-6}}\n")
+    assert cfg.extractor.model.path == "embedded:extractor" and cfg.extractor.model.lr == 3e-6
+    assert load_run_config("run: {variant: grpo}\n").rollout.with_experience == 0
