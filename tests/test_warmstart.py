@@ -1,0 +1,225 @@
+"""Warm start of the embedded default models (trainers/warmstart.py), on a tiny config."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from trainers import prompts as P
+from trainers import warmstart as W
+from trainers.models import build_tokenizer, load_backend
+
+DELTAS = {"north": (-1, 0), "east": (0, 1), "south": (1, 0), "west": (0, -1),
+          "northeast": (-1, 1), "southeast": (1, 1), "southwest": (1, -1), "northwest": (-1, -1)}
+
+
+def tiny(**kw) -> W.WarmStartConfig:
+    base = dict(envs=["minihack/Room-5x5"], demo_episodes=6, dagger_episodes=2, dagger_max_turns=3, policy_steps=3,
+                extractor_steps=2, batch_size=2, extractor_batch_size=2, vocab_size=400, policy_hidden=32,
+                policy_layers=1, policy_heads=2, policy_kv_heads=1, extractor_hidden=32, extractor_layers=1,
+                extractor_heads=2, extractor_kv_heads=1, max_positions=2048, max_seq_len=2000, eval_episodes=1,
+                eval_extractor=2, extractor_max_new_tokens=8, action_max_new_tokens=3, warmup_steps=1)
+    base.update(kw)
+    return W.WarmStartConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    data = tmp_path_factory.mktemp("ws")
+    cfg = tiny()
+    t0 = time.time()
+    paths = W.ensure_models(data, cfg, progress=False)
+    return data, cfg, paths, time.time() - t0
+
+
+def test_ensure_models_builds_loadable_folders(built):
+    data, cfg, paths, _ = built
+    assert set(paths) == {"policy", "extractor"}
+    for name, p in paths.items():
+        assert p == Path(data) / "models" / name
+        marker = json.loads((p / W.MARKER).read_text())
+        assert marker["hash"] == cfg.digest() and marker["role"] == name
+        backend = load_backend("hf", p, device="cpu", quiet=True)
+        out = backend.chat([P.actor_messages(action_format="Move with compass words.", task="t", observation="o")],
+                           max_new_tokens=2, temperature=0.0)
+        assert len(out) == 1
+    res = json.loads((paths["policy"] / W.MARKER).read_text())["results"]
+    assert set(res["policy"]["eval"]) == {f"minihack/Room-5x5/{c}" for c in ("none", "correct", "wrong")}
+    assert 0.0 <= res["extractor"]["eval"]["parse_rate"] <= 1.0
+    assert not list((Path(data) / "models").glob(".building-*"))
+
+
+def test_ensure_models_is_idempotent(built):
+    data, cfg, paths, _ = built
+    before = {n: (p / "model.safetensors").stat().st_mtime_ns for n, p in paths.items()}
+    t0 = time.time()
+    again = W.ensure_models(data, tiny(), progress=False)
+    assert time.time() - t0 < 1.0
+    assert again == paths
+    assert {n: (p / "model.safetensors").stat().st_mtime_ns for n, p in paths.items()} == before
+
+
+def test_config_change_rebuilds_and_interruption_keeps_the_old_models(built, monkeypatch):
+    data, cfg, paths, _ = built
+    old_hash = cfg.digest()
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+
+    # An interrupted rebuild leaves the complete old folders and nothing half-built.
+    monkeypatch.setattr(W, "_train_extractor", boom)
+    with pytest.raises(KeyboardInterrupt):
+        W.ensure_models(data, tiny(seed=1), progress=False)
+    assert json.loads((paths["policy"] / W.MARKER).read_text())["hash"] == old_hash
+    assert not list((Path(data) / "models").glob(".*"))
+    monkeypatch.undo()
+
+    new = tiny(seed=1)
+    W.ensure_models(data, new, progress=False)
+    for p in paths.values():
+        assert json.loads((p / W.MARKER).read_text())["hash"] == new.digest() != old_hash
+
+
+def test_interrupted_first_build_leaves_no_folder(tmp_path, monkeypatch):
+    def boom(*a, **k):
+        raise RuntimeError("killed")
+
+    monkeypatch.setattr(W, "_train_extractor", boom)
+    with pytest.raises(RuntimeError):
+        W.ensure_models(tmp_path, tiny(demo_episodes=2, dagger_episodes=0), progress=False)
+    root = tmp_path / "models"
+    assert not (root / "policy").exists() and not (root / "extractor").exists()
+    assert not list(root.glob(".*"))
+
+
+@pytest.fixture(scope="module")
+def ultimate_demos():
+    cfg = tiny(envs=["minihack/Room-Ultimate-5x5"], demo_episodes=24, noisy_share=0.3)
+    return cfg, W.collect_demos(cfg)
+
+
+def test_policy_loss_mask_covers_only_the_action(ultimate_demos):
+    cfg, demos = ultimate_demos
+    texts = [json.dumps(W._actor_prompt(cfg, d, t)) + t.label for d in demos for t in d.turns[:3]]
+    tok = build_tokenizer(texts, vocab_size=500)
+    examples, dropped = W.policy_examples(demos, tok, cfg)
+    assert dropped == 0 and len(examples) == sum(len(d.turns) for d in demos)
+    labels_in_order = [t.label for d in demos for t in d.turns]
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    for ex, label, (d, t) in zip(examples, labels_in_order, [(d, t) for d in demos for t in d.turns]):
+        n_prompt = next(i for i, lab in enumerate(ex.labels) if lab != W.IGNORE)
+        assert all(lab == W.IGNORE for lab in ex.labels[:n_prompt])
+        assert ex.labels[n_prompt:] == ex.input_ids[n_prompt:]  # every token after the prompt is a target
+        assert ex.input_ids[-1] == end
+        assert tok.decode(ex.input_ids[n_prompt:], skip_special_tokens=True) == label
+        prompt = tok.apply_chat_template(W._actor_prompt(cfg, d, t), add_generation_prompt=True, tokenize=True)
+        prompt = prompt if isinstance(prompt, list) else prompt["input_ids"]
+        assert ex.input_ids[:n_prompt] == list(prompt)  # the rollout's exact prompt
+
+
+def test_demonstration_mix_and_recovery_states(ultimate_demos):
+    cfg, demos = ultimate_demos
+    conds = {c: sum(d.condition == c for d in demos) for c in ("none", "correct", "wrong")}
+    assert all(conds.values()), conds
+    noisy = [t for d in demos if d.source == "noisy" for t in d.turns]
+    assert any(t.taken != t.label for t in noisy)  # states after a mistake, labelled by the expert
+    assert any(t.taken in W._INVALID_WORDS for t in noisy)
+    for d in demos:
+        if d.condition == "none":
+            assert d.entry == ""
+        else:
+            assert d.entry.startswith("## Title: ") and "\n## Description: " in d.entry and "\n## Content: " in d.entry
+
+
+def test_expert_follows_a_correct_entry_and_ignores_a_wrong_one(ultimate_demos):
+    cfg, demos = ultimate_demos
+    from envs.registry import make_env
+
+    env = make_env("minihack/Room-Ultimate-5x5")
+    teacher = W._Teacher(env)
+    checked = 0
+    import random
+
+    for seed in range(40):
+        # Correct entry: while the staircase is out of sight, every expert step closes in on where the entry says it is.
+        obs, entry, facts = teacher.start(seed, "correct", random.Random(0))
+        dr, dc = facts["offset"]
+        assert f"{W._rel(dr, dc)} of the square where you start" in entry
+        target = teacher.target
+        while not any(">" in line for line in env.grid) and "cannot escape" not in env.message.lower():
+            r, c = env.agent_pos
+            a = teacher.action("correct")
+            if a not in DELTAS:
+                break
+            nr, nc = r + DELTAS[a][0], c + DELTAS[a][1]
+            if max(abs(target[0] - nr), abs(target[1] - nc)) >= max(abs(target[0] - r), abs(target[1] - c)):
+                break  # blocked: the plain expert takes over (allowed)
+            checked += 1
+            _, _, term, trunc, _ = env.step(a)
+            if term or trunc:
+                break
+        # Wrong entry: the expert acts exactly as without one.
+        labels = {}
+        for cond in ("wrong", "none"):
+            teacher.start(seed, cond, random.Random(1))
+            seq = []
+            for _ in range(8):
+                a = teacher.action(cond)
+                seq.append(a)
+                _, _, term, trunc, _ = env.step(a)
+                if term or trunc:
+                    break
+            labels[cond] = seq
+        assert labels["wrong"] == labels["none"]
+    env.close()
+    assert checked >= 20
+    # And following it pays: with a correct entry the expert needs fewer actions.
+    mean = lambda c: sum(len(d.turns) for d in demos if d.condition == c and d.source == "expert") / max(1, sum(d.condition == c and d.source == "expert" for d in demos))
+    assert mean("correct") < mean("none")
+
+
+def test_extractor_teacher_answers_parse(ultimate_demos):
+    cfg, demos = ultimate_demos
+    tok = build_tokenizer([W._extractor_target(d)[1] for d in demos], vocab_size=500)
+    examples, _ = W.extractor_examples(demos, tok, cfg)
+    kinds = {e.kind for e in examples}
+    assert kinds == {"extractor/extract", "extractor/rewrite", "extractor/merge"}
+    for d in demos:
+        ops, answer = W._extractor_target(d)
+        parsed = W.parse_extractor_answer(answer, n_previous=1 if d.entry else 0)
+        assert parsed == ops
+        for op in ops:
+            text = op.get("new_memory") or op.get("updated_memory")
+            assert text.startswith("## Title: ") and "## Content: " in text
+    for ex in examples:
+        n_prompt = next(i for i, lab in enumerate(ex.labels) if lab != W.IGNORE)
+        target = tok.decode(ex.input_ids[n_prompt:], skip_special_tokens=True)
+        assert target.startswith("<think>") and target.endswith("</answer>")
+
+
+def test_parse_extractor_answer_rejects_malformed():
+    good = '<think>x</think><answer>[{"function": "add", "new_memory": "## Title: a\\n## Description: b\\n## Content: c"}]</answer>'
+    assert W.parse_extractor_answer(good) is not None
+    assert W.parse_extractor_answer("<think>x</think><answer>[]</answer>") == []
+    assert W.parse_extractor_answer("<answer>[]</answer>") is None
+    assert W.parse_extractor_answer("<think>x</think><answer>[{]</answer>") is None
+    assert W.parse_extractor_answer('<think>x</think><answer>[{"function": "update", "idx_list": [3], "updated_memory": "m"}]</answer>', n_previous=1) is None
+    assert W.parse_extractor_answer('<think>x</think><answer>[{"function": "delete"}]</answer>') is None
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="envs"):
+        W.WarmStartConfig(envs=["webshop"])
+    with pytest.raises(ValueError, match="policy_steps"):
+        W.WarmStartConfig(policy_steps=0)
+    assert W.WarmStartConfig().digest() != W.WarmStartConfig(seed=5).digest()
+
+
+def test_models_command_list(built, capsys):
+    data, _, _, _ = built
+    assert W.models_command("list", str(data)) == 0
+    out = capsys.readouterr().out
+    assert "policy:" in out and "extractor:" in out and "params" in out and "parse rate" in out
+    assert W.models_command("bogus", str(data)) == 2
