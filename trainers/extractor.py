@@ -360,7 +360,7 @@ class ExperienceLoop:
                 m, o = mask[sl, :T], old[sl, :T]
                 loss = cispo_loss(lp, o, adv[sl], m, eps_low=self.xc.eps_low, eps_high=self.xc.eps_high) * (float(m.sum()) / max(n_tok, 1))
                 loss.backward()
-                total += float(loss)
+                total += float(loss.detach())
                 logps.append((lp.detach(), o, m))
             grad_norm = torch.nn.utils.clip_grad_norm_(self.backend.trainable_parameters(), self.xc.model.grad_clip)
             self.optimizer.step()

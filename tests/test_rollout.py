@@ -1,0 +1,110 @@
+"""Rollouts over a real MiniHack EnvPool: lockstep episodes, search-and-ask turns, honest old log-probs."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from envs.pool import EnvPool
+from trainers.config import ModelSection, RolloutSection
+from trainers.rollout import EpisodeSpec, Roller, episode_metrics, trajectory_record
+
+
+@pytest.fixture(scope="module")
+def pool():
+    p = EnvPool(["minihack/Room-5x5"] * 4, num_workers=2)
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from trainers.models import HFBackend, build_tiny_qwen2, build_tokenizer, save_model_folder
+    from trainers import prompts as P
+
+    d = tmp_path_factory.mktemp("tiny")
+    tok = build_tokenizer([P.ACTOR_SYSTEM, P.ACTOR_USER, "north east south west southeast"] * 30, vocab_size=400)
+    save_model_folder(build_tiny_qwen2(tok, hidden=32, layers=1, heads=2, kv_heads=1), tok, d)
+    return HFBackend(d, device="cpu")
+
+
+@dataclass
+class _Out:
+    token_ids: list
+    text: str
+    logprobs: list
+
+
+class ScriptedActor:
+    """Replies from a script (first a search-and-ask call, then moves), on the real tokenizer."""
+
+    def __init__(self, backend, replies):
+        self.b, self.replies, self.calls = backend, replies, 0
+
+    def apply_chat_template(self, *a, **k):
+        return self.b.apply_chat_template(*a, **k)
+
+    def generate(self, prompts, **kw):
+        text = self.replies[min(self.calls, len(self.replies) - 1)]
+        self.calls += 1
+        ids = self.b.encode(text)
+        return [_Out(ids, text, [-0.1] * len(ids)) for _ in prompts]
+
+
+def test_lockstep_rollout_with_real_model_has_consistent_logprobs(pool, tiny):
+    r = Roller(tiny, pool, None, rollout_cfg=RolloutSection(), actor_cfg=ModelSection(max_new_tokens=4), max_turns=3, seed=1)
+    eps = r.collect([EpisodeSpec("minihack/Room-5x5", s, False, 0) for s in range(4)], step=1)
+    assert len(eps) == 4 and all(e.traj.num_actions == 3 or e.success for e in eps)
+    assert r.stats["rollout/tokens_per_s"] > 0
+    t = eps[0].turns[0]
+    with torch.no_grad():
+        lp = tiny.logprobs([t.prompt_ids + t.response_ids])[0, len(t.prompt_ids):]
+    assert torch.allclose(lp, torch.tensor(t.logprobs), atol=1e-4)  # old log-probs are the model's own
+    m = episode_metrics(eps)
+    assert "policy/success_without_exp" in m and "policy/success_with_exp" not in m
+    rec = trajectory_record(eps[0], run_id=None, step=1)
+    assert rec["num_actions"] == len([s for s in rec["steps"] if s["kind"] != "tool"])
+
+
+def test_search_and_ask_turn_is_recorded_and_capped(pool, tiny):
+    calls = []
+
+    def tool(task, query, env, step):
+        calls.append(query)
+        return "the stairs are south-east of you", [42], None
+
+    actor = ScriptedActor(tiny, ["<search_and_ask>where are the stairs?</search_and_ask>",
+                                 "<search_and_ask>again?</search_and_ask>", "southeast"])
+    rc = RolloutSection(search_and_ask=1)
+    r = Roller(actor, pool, None, rollout_cfg=rc, actor_cfg=ModelSection(), max_turns=8, tool_fn=tool)
+    ep = r.collect([EpisodeSpec("minihack/Room-5x5", 5, False, 0)], step=0)[0]
+    kinds = [s.kind for s in ep.traj.steps]
+    assert kinds[0] == "tool" and ep.traj.steps[0].tool_answer == "the stairs are south-east of you"
+    assert calls == ["where are the stairs?"]  # the second call was over the budget of 1
+    assert kinds[1] == "invalid"  # ... so the env judged it as an (invalid) action
+    assert ep.tool_entry_ids == [42] and ep.turns[0].kind == "tool"
+    # the answer is in the next prompt, as an observation (prompt side: never trained on)
+    nxt = tiny.tokenizer.decode(ep.turns[1].prompt_ids)
+    assert "the stairs are south-east of you" in nxt
+    assert ep.traj.num_actions == len(ep.traj.steps) - 1
+
+
+def test_retrieved_experience_reaches_the_prompt(pool, tiny, store, embedder):
+    from core.config import IndexConfig, ManagerConfig
+    from core.manager import ExperienceManager, OpContext
+    from core.types import Operation
+
+    mgr = ExperienceManager(store, embedder, ManagerConfig(random_demote=False), IndexConfig(use_gpu="never"))
+    try:
+        task = "Reach the staircase down (>) in a lit 5x5 room."
+        eid = mgr.apply_operations([Operation("add", text="## Title: diag\n## Content: go southeast")],
+                                   OpContext(env="minihack/Room-5x5", task=task))[0].new_id
+        r = Roller(tiny, pool, mgr, rollout_cfg=RolloutSection(), actor_cfg=ModelSection(max_new_tokens=3), max_turns=1)
+        eps = r.collect([EpisodeSpec("minihack/Room-5x5", 1, True, 0), EpisodeSpec("minihack/Room-5x5", 1, False, 0)], step=0)
+        assert eps[0].traj.experience_ids == [eid] and "go southeast" in tiny.tokenizer.decode(eps[0].turns[0].prompt_ids)
+        assert eps[1].traj.experience_ids == [] and "go southeast" not in tiny.tokenizer.decode(eps[1].turns[0].prompt_ids)
+        eps = r.collect([EpisodeSpec("minihack/Room-5x5", 1, True, 0)], step=1, retrieval=False)  # warm-up: off
+        assert eps[0].traj.experience_ids == []
+    finally:
+        mgr.close()
