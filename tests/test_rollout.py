@@ -108,3 +108,19 @@ def test_retrieved_experience_reaches_the_prompt(pool, tiny, store, embedder):
         assert eps[0].traj.experience_ids == []
     finally:
         mgr.close()
+
+
+def test_episode_player_plays_turn_by_turn(tmp_path, tiny, store, db_url):
+    from trainers.rollout import EpisodePlayer
+
+    store.add_entry("## Title: stairs\n## Content: go southeast", env="minihack/Room-5x5",
+                    task="Reach the staircase down (>) in a lit 5x5 room.", actor="human")
+    p = EpisodePlayer("minihack/Room-5x5", 2, data_dir=str(tmp_path), db_url=db_url, checkpoint=str(tiny.path))
+    try:
+        first = p.reset()
+        assert first["turn"] == 0 and "Map:" in first["observation"] and "go southeast" in first["experience"]
+        turns = [p.step() for _ in range(3)]
+        assert [t["turn"] for t in turns] == [1, 2, 3]
+        assert all(set(t) >= {"observation", "action", "reward", "done", "success", "tool_query", "tool_answer"} for t in turns)
+    finally:
+        p.close()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from core.types import Step, Trajectory
@@ -235,3 +236,103 @@ def trajectory_record(ep: Episode, *, run_id: int | None, step: int, ab_test_id:
             "experience_ids": list(t.experience_ids), "experience_text": t.experience_text,
             "steps": [{"observation": s.observation, "action": s.action, "reward": s.reward, "kind": s.kind,
                        "tool_query": s.tool_query, "tool_answer": s.tool_answer} for s in t.steps]}
+
+
+class EpisodePlayer:
+    """One episode, a turn at a time, for the workbench's demo: the same prompts as training, greedy.
+
+        p = EpisodePlayer("minihack/Room-5x5", 3, data_dir=..., db_url=...)
+        p.reset() -> turn dict; p.step() -> turn dict, until turn["done"]
+
+    A turn dict: turn, observation, experience, action, reward, done, success, tool_query, tool_answer.
+    A search-and-ask call is answered with the best library entry as it stands (the demo runs no
+    extractor to rewrite it).
+    """
+
+    def __init__(self, env_name: str, seed: int, *, data_dir: str, db_url: str, checkpoint: str = "", use_library: bool = True,
+                 max_new_tokens: int = 24, search_and_ask: int = 2):
+        from core.config import LibraryConfig
+        from envs.registry import make_env
+        from trainers.config import resolve_model_path
+        from trainers.models import HFBackend
+
+        path = checkpoint
+        if checkpoint and (Path(checkpoint) / "policy" / "config.json").exists():
+            path = str(Path(checkpoint) / "policy")  # a training checkpoint folder
+        if not path:
+            from trainers.warmstart import ensure_models
+
+            ensure_models(data_dir)
+            path = resolve_model_path("embedded:policy", data_dir)
+        self.actor = HFBackend(path, device="cpu" if not _cuda() else "auto", num_threads=1)
+        self.env = make_env(env_name)
+        self.env_name, self.seed = env_name, seed
+        self.max_new_tokens, self.search_budget = max_new_tokens, search_and_ask
+        self.manager = None
+        if use_library:
+            import dataclasses
+
+            from core.embedding import Embedder
+            from core.manager import ExperienceManager
+            from core.store import ExperienceStore
+
+            lib = LibraryConfig()
+            self.manager = ExperienceManager(ExperienceStore(db_url), Embedder(lib.embedding),
+                                             dataclasses.replace(lib.manager, record_usage=False, random_demote=False), lib.index)
+        self.history: list[tuple[str, str]] = []
+        self.turn = 0
+        self.done = False
+        self.experience = ""
+        self.observation = ""
+        self.tool_calls = 0
+
+    def reset(self) -> dict[str, Any]:
+        self.observation, _ = self.env.reset(seed=self.seed)
+        self.history, self.turn, self.done, self.tool_calls = [], 0, False, 0
+        self.experience = ""
+        if self.manager is not None:
+            hits = self.manager.search_sync([self.env.task], task=self.env_name)[0]
+            self.experience = "\n\n".join(h.text for h in hits)
+        return self._turn_dict(action="", reward=0.0, success=None)
+
+    def step(self) -> dict[str, Any]:
+        if self.done:
+            raise RuntimeError("the episode is over; call reset() to play it again")
+        allow_tool = self.manager is not None and self.tool_calls < self.search_budget
+        msgs = P.actor_messages(action_format=self.env.action_format, task=self.env.task, observation=self.observation,
+                                experience=self.experience, history=P.fit_history(self.history, max_turns=2, max_chars=1200),
+                                allow_tool=allow_tool)
+        ids = list(self.actor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))
+        out = self.actor.generate([ids], max_new_tokens=self.max_new_tokens, temperature=0.0, stop=["\n"])[0]
+        kind, content = P.parse_actor_reply(out.text)
+        self.turn += 1
+        if kind == "tool" and allow_tool:
+            self.tool_calls += 1
+            hits = self.manager.search_sync([content or self.env.task], task=self.env_name)[0]
+            answer = hits[0].text if hits else "(nothing relevant found)"
+            self.history.append((self.observation, f"<search_and_ask>{content}</search_and_ask>"))
+            self.observation = f"{P.TOOL_RESULT.format(answer=answer)}\n\n{self.observation}"
+            d = self._turn_dict(action=f"<search_and_ask>{content}</search_and_ask>", reward=0.0, success=None)
+            d.update(tool_query=content, tool_answer=answer)
+            return d
+        action = content if kind == "action" else out.text.strip()
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.history.append((self.observation, action))
+        self.observation = obs
+        self.done = terminated or truncated
+        return self._turn_dict(action=action, reward=float(reward), success=bool(info.get("success")) if self.done else None)
+
+    def _turn_dict(self, *, action: str, reward: float, success: bool | None) -> dict[str, Any]:
+        return {"turn": self.turn, "observation": self.observation, "experience": self.experience, "action": action,
+                "reward": reward, "done": self.done, "success": success, "tool_query": "", "tool_answer": ""}
+
+    def close(self) -> None:
+        if self.manager is not None:
+            self.manager.close()
+        self.env.close()
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
