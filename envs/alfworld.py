@@ -5,6 +5,9 @@ Every game here is played by the same machinery ALFWorld's own `AlfredTWEnv` use
 placeholder replaced by the task text) and a PDDL problem, loaded by `textworld.start` with
 `AlfredDemangler` so entities read "apple 1", "countertop 2".
 
+Measured on a busy 2-core CPU: a new instance's first reset ~0.5 s (fast-downward translates the
+PDDL problem), a reset of a cached instance ~0.03-0.08 s, a step ~0.01-0.02 s.
+
 Two sources of problems:
 
 - generated (the default, fully offline): `reset(seed=s)` builds household instance s of the
@@ -977,6 +980,8 @@ def alfworld_expert(env: AlfworldEnv, mode: str = "oracle") -> str:
         return f"use {lamps[0]}"
 
     goal_receps = [r for r in view.receptacles if view.kind.get(r) == goal.receptacle_type]
+    if not goal_receps:
+        raise RuntimeError(f"{env.name}: the room has no {goal.receptacle_type} for the goal {env.task!r}")
     need = _STATE_NEED.get(goal.task_type)
 
     def ready(obj: str) -> bool:
