@@ -672,7 +672,7 @@ def _install_speedups() -> None:
 class WorldView:
     """The game state as the expert reads it (names as the game shows them)."""
 
-    receptacles: list[str]  # in the order the room description lists them
+    receptacles: list[str]  # sorted by type, then number ("cabinet 1", "cabinet 2", "countertop 1")
     here: set[str]  # receptacles at the agent's location
     holding: str | None
     contents: dict[str, list[str]]  # receptacle -> objects in it
