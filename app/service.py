@@ -46,6 +46,7 @@ DEFAULT_UPLOAD_CAP_MB = 20.0
 ARM_KINDS = ("current", "version", "file", "none", "minus", "plus")
 MAX_SEEDS = 10_000
 LOG_TAIL_BYTES = 64_000
+ROWS_PER_REFRESH = 250_000  # metric rows read per curve refresh and run (a long history loads over a few ticks)
 
 
 class UserInputError(ValueError):
@@ -53,11 +54,11 @@ class UserInputError(ValueError):
 
 
 def _ok(msg: str) -> str:
-    return f"✅ {msg}"
+    return f"**OK** — {msg}"
 
 
 def _err(msg: str) -> str:
-    return f"❌ {msg}"
+    return f"**Error** — {msg}"
 
 
 def trainer_available() -> tuple[bool, str]:
@@ -171,6 +172,7 @@ class CurveSession:
     edit_times: list[float] = field(default_factory=list)
     edit_cursor: int = 0
     last_view: tuple | None = None
+    loading: frozenset[int] = frozenset()  # runs whose history is still being read in
     lock: threading.Lock = field(default_factory=threading.Lock)
     fetched_rows: int = 0
 
@@ -549,40 +551,35 @@ class Workbench:
                 figs.append(views.figure_json(fig))
             points = sum(s.values.n for (rid, _), s in sess.series.items() if rid in runs)
         ms = (time.perf_counter() - t0) * 1000
+        loading = " · loading history…" if sess.loading & set(runs) else ""
         status = (f"{len(runs)} run(s) · {points:,} points held · {new_rows:,} new rows this refresh · "
-                  f"{len(sess.edit_times)} human edits · refreshed in {ms:.0f} ms" if runs else
+                  f"{len(sess.edit_times)} human edits · refreshed in {ms:.0f} ms{loading}" if runs else
                   "choose one or more runs to plot")
         return token, figs, status
 
     def _pull_metrics(self, sess: CurveSession, rid: int, smoothing: float, dirty: set[str]) -> int:
+        """Append the rows of run `rid` past the session's cursors; at most ROWS_PER_REFRESH per call, so a
+        long history loads over a few ticks instead of stalling one."""
         keys = views.CURVE_KEYS
         after = min(sess.cursors.get((rid, k), 0) for k in keys)
-        total = 0
-        while True:
-            rows = self.store.metrics_since(rid, keys, after_id=after, limit=200_000)
-            if not rows:
-                break
-            total += len(rows)
-            arr_id = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
-            keys_col = np.array([r[1] for r in rows], dtype=object)
-            steps = np.fromiter((r[2] for r in rows), dtype=np.float64, count=len(rows))
-            vals = np.fromiter((r[3] for r in rows), dtype=np.float64, count=len(rows))
-            times = np.fromiter((r[4] for r in rows), dtype=np.float64, count=len(rows))
-            for k in set(keys_col.tolist()):
-                sel = (keys_col == k) & (arr_id > sess.cursors.get((rid, k), 0))
+        cols = self.store.metric_columns_since(rid, keys, after_id=after, limit=ROWS_PER_REFRESH)
+        n = len(cols["id"])
+        if n:
+            names, codes = np.unique(cols["key"], return_inverse=True)
+            for j, k in enumerate(names.tolist()):
+                sel = (codes == j) & (cols["id"] > sess.cursors.get((rid, k), 0))
                 if not sel.any():
                     continue
                 s = sess.series.setdefault((rid, k), _Series())
-                s.append(steps[sel], vals[sel], times[sel], smoothing)
-                sess.cursors[(rid, k)] = int(arr_id[sel][-1])
+                s.append(cols["step"][sel], cols["value"][sel], cols["time"][sel], smoothing)
+                sess.cursors[(rid, k)] = int(cols["id"][sel][-1])
                 dirty |= {p.id for p in views.PANELS if any(ck.key == k for ck in p.keys)}
-            after = int(arr_id[-1])
-            if len(rows) < 200_000:
-                break
-        for k in keys:  # keys with no rows yet move their cursor too, so the next query starts late
-            sess.cursors[(rid, k)] = max(sess.cursors.get((rid, k), 0), after)
-        sess.fetched_rows += total
-        return total
+            after = int(cols["id"][-1])
+            for k in keys:  # keys with no rows yet move their cursor too, so the next query starts late
+                sess.cursors[(rid, k)] = max(sess.cursors.get((rid, k), 0), after)
+        sess.loading = sess.loading - {rid} if n < ROWS_PER_REFRESH else sess.loading | {rid}
+        sess.fetched_rows += n
+        return n
 
     def _edit_marks(self, sess: CurveSession, runs: list[int], x_axis: str) -> list[float]:
         if not sess.edit_times or not runs:

@@ -7,7 +7,6 @@ into the JSON the browser's Plotly.react draws); tables are pandas DataFrames.
 from __future__ import annotations
 
 import html
-import json
 import math
 import textwrap
 import time
@@ -15,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
+import orjson
 import pandas as pd
 from scipy.signal import lfilter
 
@@ -132,9 +132,9 @@ def run_color(run_id: int) -> str:
     return RUN_COLORS[run_id % len(RUN_COLORS)]
 
 
-def _xs(x: np.ndarray, x_axis: str) -> list:
+def _xs(x: np.ndarray, x_axis: str) -> np.ndarray:
     # Plotly reads epoch milliseconds on a date axis.
-    return (x * 1000.0).tolist() if x_axis == "time" else x.tolist()
+    return x * 1000.0 if x_axis == "time" else x
 
 
 def curve_figure(panel: Panel, series: Sequence[SeriesView], *, run_names: dict[int, str], x_axis: str = "step",
@@ -156,7 +156,7 @@ def curve_figure(panel: Panel, series: Sequence[SeriesView], *, run_names: dict[
         if smoothing > 0:
             ri = minmax_indices(len(s.x), s.y, MAX_RAW_POINTS)
             data.append({"type": "scattergl" if len(ri) > 2000 else "scatter", "mode": "lines",
-                         "x": _xs(s.x[ri], x_axis), "y": s.y[ri].tolist(), "name": name + " (raw)", "yaxis": yaxis,
+                         "x": _xs(s.x[ri], x_axis), "y": s.y[ri], "name": name + " (raw)", "yaxis": yaxis,
                          "legendgroup": name, "showlegend": False, "hoverinfo": "skip",
                          "line": {"color": _hex_rgba(color, 0.22), "width": 1, "dash": ck.dash}})
             si = stride_indices(len(s.x), MAX_SMOOTH_POINTS)
@@ -164,7 +164,7 @@ def curve_figure(panel: Panel, series: Sequence[SeriesView], *, run_names: dict[
         else:
             si = minmax_indices(len(s.x), s.y, MAX_RAW_POINTS)
             ys = s.y[si]
-        data.append({"type": "scatter", "mode": "lines", "x": _xs(s.x[si], x_axis), "y": ys.tolist(), "name": name,
+        data.append({"type": "scatter", "mode": "lines", "x": _xs(s.x[si], x_axis), "y": ys, "name": name,
                      "yaxis": yaxis, "legendgroup": name, "line": {"color": color, "width": 2, "dash": ck.dash}})
     marks = list(edit_marks)[-MAX_EDIT_MARKS:]
     shapes = [{"type": "line", "xref": "x", "yref": "paper", "x0": m, "x1": m, "y0": 0, "y1": 1,
@@ -198,7 +198,8 @@ def curve_figure(panel: Panel, series: Sequence[SeriesView], *, run_names: dict[
 
 
 def figure_json(fig: dict[str, Any]) -> str:
-    return json.dumps(fig, separators=(",", ":"), allow_nan=False)
+    """The figure as JSON for Plotly.react; numpy arrays are written directly (orjson: ~50x json's speed)."""
+    return orjson.dumps(fig, option=orjson.OPT_SERIALIZE_NUMPY).decode()
 
 
 def edit_positions(edit_times: Sequence[float], x_axis: str, times: np.ndarray | None, steps: np.ndarray | None) -> list[float]:

@@ -88,11 +88,11 @@ def test_log_tail(wb, tmp_path):
 
 def test_bad_yaml_is_refused_with_its_line(wb):
     msg = wb.validate_config("env:\n  name: [unclosed\nalgorithm: x\n")
-    assert msg.startswith("❌") and "line" in msg and "YAML" in msg
+    assert msg.startswith("**Error**") and "line" in msg and "YAML" in msg
     assert "mapping" in wb.validate_config("- just\n- a list\n")
     assert "empty" in wb.validate_config("   ")
     before = list((wb.data_dir / "configs").iterdir())
-    assert wb.launch_run("env: [").startswith("❌")
+    assert wb.launch_run("env: [").startswith("**Error**")
     assert list((wb.data_dir / "configs").iterdir()) == before  # nothing launched, nothing written
 
 
@@ -106,8 +106,8 @@ def test_config_check_says_when_trainer_missing(wb):
 @pytest.mark.skipif(not TRAINER, reason="trainer not available")
 def test_config_fields_are_checked_by_the_trainers_config(wb):
     msg = wb.validate_config("run:\n  variant: grpo\n  no_such_field: 1\n")
-    assert msg.startswith("❌") and "no_such_field" in msg
-    assert wb.validate_config("run:\n  variant: grpo\n").startswith("✅")
+    assert msg.startswith("**Error**") and "no_such_field" in msg
+    assert wb.validate_config("run:\n  variant: grpo\n").startswith("**OK**")
     assert wb.store.list_runs() == []
 
 
@@ -127,14 +127,14 @@ def test_curves_fetch_only_new_rows(wb, monkeypatch):
     for s in range(100):
         wb.store.log_metrics(rid, s, {"policy/reward_with_exp": s / 100, "library/size": s, "other/key": 1.0})
     calls = []
-    real = wb.store.metrics_since
+    real = wb.store.metric_columns_since
 
     def spy(run_id, keys=None, after_id=0, limit=200_000):
-        rows = real(run_id, keys, after_id, limit)
-        calls.append((after_id, len(rows)))
-        return rows
+        cols = real(run_id, keys, after_id, limit)
+        calls.append((after_id, len(cols["id"])))
+        return cols
 
-    monkeypatch.setattr(wb.store, "metrics_since", spy)
+    monkeypatch.setattr(wb.store, "metric_columns_since", spy)
     tok, figs, status = wb.refresh_curves(None, [rid], 0.6, "step")
     assert calls[-1] == (0, 200)  # the two charted keys, not "other/key"
     assert all(f is not None for f in figs)
@@ -173,6 +173,22 @@ def test_curves_view_changes_redraw_and_edits_are_marked(wb):
     assert json.loads(figs[0])["data"] == []
 
 
+def test_long_history_loads_over_several_ticks(wb, monkeypatch):
+    import app.service as service
+
+    monkeypatch.setattr(service, "ROWS_PER_REFRESH", 50)
+    rid = wb.store.create_run("long")
+    for s in range(60):
+        wb.store.log_metrics(rid, s, {"policy/reward_with_exp": float(s), "policy/success_with_exp": 0.5})
+    tok, figs, status = wb.refresh_curves(None, [rid])
+    assert "loading history" in status and "50 new rows" in status
+    tok, figs, status = wb.refresh_curves(tok, [rid])
+    assert "loading history" in status
+    tok, figs, status = wb.refresh_curves(tok, [rid])
+    assert "loading history" not in status and "120 points held" in status
+    assert [len(t["x"]) for t in json.loads(figs[0])["data"]] == [60, 60]
+
+
 def test_curve_sessions_are_independent_and_bounded(wb):
     rid = wb.store.create_run("c")
     wb.store.log_metrics(rid, 0, {"policy/reward_with_exp": 1.0})
@@ -197,9 +213,9 @@ def test_library_page_filter_sort_and_bad_input(wb):
     df, info = wb.library_page(text="entry 7")
     assert list(df["id"]) == [8]
     df, info = wb.library_page(sort="not_a_column")
-    assert info.startswith("❌") and "sortable" in info
+    assert info.startswith("**Error**") and "sortable" in info
     df, info = wb.library_page(page="x")
-    assert info.startswith("❌")
+    assert info.startswith("**Error**")
     assert "webshop" in wb.library_facets()["env"]
 
 
@@ -220,29 +236,29 @@ def test_open_edit_stale_archive_restore_diff_revert(wb):
     d = wb.open_entry(eid)
     assert d["version"] == 1 and d["text"].endswith("first") and d["error"] == ""
     msg, v = wb.save_entry(eid, "## Title: t\n## Description: d\n## Content: second", 1)
-    assert msg.startswith("✅") and v == 2
+    assert msg.startswith("**OK**") and v == 2
     assert wb.store.get(eid).text.endswith("second")
     # Someone else edits; our edit based on version 2 is refused and nothing is lost.
     wb.store.update_text(eid, "## Title: t\n## Description: d\n## Content: theirs", expected_version=2, actor="cli")
     msg, v = wb.save_entry(eid, "## Title: t\n## Description: d\n## Content: mine", 2)
-    assert msg.startswith("❌") and "changed by someone else" in msg and "Content: theirs" in msg and v == 2
+    assert msg.startswith("**Error**") and "changed by someone else" in msg and "Content: theirs" in msg and v == 2
     assert wb.store.get(eid).text.endswith("theirs")
     assert "open an entry" in wb.save_entry(None, "x", None)[0]
     assert "empty" in wb.save_entry(eid, "  ", 3)[0]
     msg, v = wb.set_entry_status(eid, 3, "archived")
     assert "archived" in msg and v == 4 and wb.store.get(eid).status is Status.ARCHIVED
     msg, v = wb.set_entry_status(eid, 2, "active")  # stale
-    assert msg.startswith("❌")
+    assert msg.startswith("**Error**")
     msg, v = wb.set_entry_status(eid, 4, "active")
     assert "restored" in msg and v == 5
     html = wb.diff_versions(eid, 1, 3)
     assert "d-del" in html and "first" in html and "theirs" in html
     assert "no entry" in wb.diff_versions(9999, 1, 2) or "no version" in wb.diff_versions(9999, 1, 2)
     msg, v = wb.revert_entry(eid, 1, 5)
-    assert msg.startswith("✅") and wb.store.get(eid).text.endswith("first") and v == 6
+    assert msg.startswith("**OK**") and wb.store.get(eid).text.endswith("first") and v == 6
     d = wb.open_entry(eid)
     assert d["versions"] == [1, 2, 3, 4, 5, 6] and len(d["history"]) == 6
-    assert wb.open_entry("abc")["error"].startswith("❌")
+    assert wb.open_entry("abc")["error"].startswith("**Error**")
     assert "no entry with id 4242" in wb.open_entry(4242)["error"]
 
 
@@ -254,7 +270,7 @@ def test_lineage_and_usage_in_the_panel(wb):
     assert "Source episode: #17" in d["lineage"]
     assert list(d["usage"]["episode"]) == [12, 11] and list(d["usage"]["outcome"]) == ["failure", "success"]
     msg, nid = wb.accept_merge(f"{a}, {b}", "## Title: ab\n## Description: d\n## Content: x and y")
-    assert msg.startswith("✅") and nid
+    assert msg.startswith("**OK**") and nid
     d = wb.open_entry(nid)
     assert f"#{a}" in d["lineage"] and f"#{b}" in d["lineage"] and "Parents (2)" in d["lineage"]
     assert f"#{nid}" in wb.open_entry(a)["lineage"]  # the parent lists its child
@@ -263,8 +279,8 @@ def test_lineage_and_usage_in_the_panel(wb):
 def test_create_entry_and_running_trainer_sees_edits_within_2s(wb, embedder):
     msg, eid = wb.create_entry("Keys", "when a door is locked", "pick up the key first", "minihack/KeyRoom-S5",
                                "open the locked door")
-    assert msg.startswith("✅") and wb.store.get(eid).source is Source.MANUAL
-    assert wb.create_entry("", "", "", "", "")[0].startswith("❌")
+    assert msg.startswith("**OK**") and wb.store.get(eid).source is Source.MANUAL
+    assert wb.create_entry("", "", "", "", "")[0].startswith("**Error**")
     # A trainer in another "process" (its own manager on the same store) polls the change feed.
     cfg = LibraryConfig()
     cfg.manager.diversify = False
@@ -273,7 +289,7 @@ def test_create_entry_and_running_trainer_sees_edits_within_2s(wb, embedder):
         hits = trainer.search_sync(["open the locked door"], k=1, task="minihack/KeyRoom-S5")[0]
         assert hits and "pick up the key first" in hits[0].text
         msg, _ = wb.save_entry(eid, "## Title: Keys\n## Description: d\n## Content: kick the door", 1)
-        assert msg.startswith("✅")
+        assert msg.startswith("**OK**")
         t0 = time.monotonic()
         while time.monotonic() - t0 < 2.0:
             hits = trainer.search_sync(["open the locked door"], k=1, task="minihack/KeyRoom-S5")[0]
@@ -302,16 +318,16 @@ def test_merge_propose_preview_accept_undo(wb):
     assert "no entry with id 77" in wb.propose_merge(f"{a}, 77")[1]
     html = wb.merge_preview(f"{a},{b}", "## Title: ab\n## Description: d\n## Content: go east")
     assert html.count("comprl-diff") == 2
-    assert wb.accept_merge(f"{a},{b}", "  ")[0].startswith("❌")
+    assert wb.accept_merge(f"{a},{b}", "  ")[0].startswith("**Error**")
     msg, nid = wb.accept_merge(f"{a},{b}", "## Title: ab\n## Description: d\n## Content: go east")
-    assert msg.startswith("✅")
+    assert msg.startswith("**OK**")
     merged = wb.store.get(nid)
     assert merged.parent_ids == [a, b] and merged.source is Source.MERGED
     assert wb.store.get(a).status is Status.ARCHIVED
     assert "archived" in wb.accept_merge(f"{a},{b}", "again")[0]
     msg = wb.undo_merge(nid)
-    assert msg.startswith("✅") and wb.store.get(a).status is Status.ACTIVE and wb.store.get(nid).status is Status.ARCHIVED
-    assert wb.undo_merge(a).startswith("❌")  # not a merge
+    assert msg.startswith("**OK**") and wb.store.get(a).status is Status.ACTIVE and wb.store.get(nid).status is Status.ARCHIVED
+    assert wb.undo_merge(a).startswith("**Error**")  # not a merge
 
 
 def test_near_duplicate_queue(wb):
@@ -322,18 +338,18 @@ def test_near_duplicate_queue(wb):
     assert "1 near-duplicate clusters" in msg and df.iloc[0]["ids"] == f"{a}, {b}"
     assert wb.cluster_ids(df, 0) == f"{a}, {b}"
     assert wb.cluster_ids(df, 7) == ""
-    assert wb.duplicate_clusters("x")[1].startswith("❌")
-    assert wb.duplicate_clusters(3)[1].startswith("❌")
+    assert wb.duplicate_clusters("x")[1].startswith("**Error**")
+    assert wb.duplicate_clusters(3)[1].startswith("**Error**")
 
 
 def test_import_export_validation_and_cap(wb, tmp_path):
     good = tmp_path / "good.jsonl"
     good.write_text(json.dumps({"text": "## Title: a\n## Description: d\n## Content: c", "env": "webshop"}) + "\n")
-    assert wb.import_file(str(good)).startswith("✅ imported 1 entries")
+    assert wb.import_file(str(good)).startswith("**OK** — imported 1 entries")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "ok"}\n{"text": ""}\nnot json\n')
     msg = wb.import_file(str(bad))
-    assert msg.startswith("❌") and "line 2" in msg and "line 3" in msg and "nothing imported" in msg
+    assert msg.startswith("**Error**") and "line 2" in msg and "line 3" in msg and "nothing imported" in msg
     assert wb.store.count(status=None) == 1  # nothing of the bad file
     big = tmp_path / "big.jsonl"
     big.write_text((json.dumps({"text": "x" * 100}) + "\n") * 200)  # ~21 kB, cap is 10 kB here
@@ -377,7 +393,7 @@ def test_ab_create_validates_everything_first(wb, tmp_path):
     assert wb.store.list_ab_tests() == []  # nothing created by bad input
     msg, ab_id = create(a_kind="minus", a_arg=str(a))
     if TRAINER:
-        assert msg.startswith("✅") and ab_id
+        assert msg.startswith("**OK**") and ab_id
         cfg = wb.store.get_ab_test(ab_id)["config"]
         assert cfg == {"env": "minihack/Room-5x5", "seeds": list(range(10)), "checkpoint": "", "max_turns": None,
                        "arms": {"A": {"kind": "minus", "ids": [a]}, "B": {"kind": "none"}}}
