@@ -30,6 +30,7 @@ from envs.registry import list_envs, make_env  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results"
 POOL_SLOTS = 4
 POOL_WORKERS = (1, 2, 4)
+MIN_STEPS = 10  # per window, so an env whose reset outlasts the window is still measured
 
 
 def _next_action(info: dict[str, Any], i: int) -> str:
@@ -47,7 +48,7 @@ def bench_single(env: TextEnv, window_s: float, repeats: int) -> dict[str, float
         t0 = time.perf_counter()
         _, info = env.reset(seed=seed)
         reset_ms.append((time.perf_counter() - t0) * 1e3)
-        while time.perf_counter() - t_start < window_s:
+        while time.perf_counter() - t_start < window_s or steps < MIN_STEPS:
             t0 = time.perf_counter()
             _, _, terminated, truncated, info = env.step(_next_action(info, steps))
             step_ms.append((time.perf_counter() - t0) * 1e3)
@@ -76,7 +77,7 @@ def bench_pool(name: str, workers: int, window_s: float, repeats: int) -> dict[s
         seed, rates, errors = POOL_SLOTS, [], 0
         for _ in range(repeats):
             steps, t_start, i = 0, time.perf_counter(), 0
-            while time.perf_counter() - t_start < window_s:
+            while time.perf_counter() - t_start < window_s or steps < MIN_STEPS:
                 out = pool.step_many([(s, _next_action(infos[s], i)) for s in range(POOL_SLOTS)])
                 i += 1
                 steps += len(out)
@@ -118,9 +119,13 @@ def run(names: list[str], quick: bool, repeats: int) -> dict[str, Any]:
         row["build_s"] = time.perf_counter() - t0
         try:
             row["single"] = bench_single(env, window, repeats)
+            row["pool"] = {str(w): bench_pool(name, w, window, repeats) for w in POOL_WORKERS}
+        except Exception as exc:  # one broken env must not lose the other envs' figures
+            report["envs"][name] = {"status": "error", "reason": f"{type(exc).__name__}: {exc}"[:200]}
+            print(f"{name}: error ({report['envs'][name]['reason']})", flush=True)
+            continue
         finally:
             env.close()
-        row["pool"] = {str(w): bench_pool(name, w, window, repeats) for w in POOL_WORKERS}
         report["envs"][name] = row
         pooled = ", ".join(f"{w}w {row['pool'][str(w)]['steps_per_s']:.0f}" for w in POOL_WORKERS)
         print(f"{name}: build {row['build_s']:.2f} s, reset {row['single']['reset_ms']:.1f} ms, "
@@ -141,7 +146,7 @@ def to_markdown(report: dict[str, Any]) -> str:
     ]
     for name, row in report["envs"].items():
         if row["status"] != "ok":
-            lines.append(f"| {name} | skipped: {row['reason']} | | | | | | |")
+            lines.append(f"| {name} | {row['status']}: {row['reason']} | | | | | | |")
             continue
         s, p = row["single"], row["pool"]
         pooled = " | ".join(f"{p[str(w)]['steps_per_s']:.0f}" for w in POOL_WORKERS)

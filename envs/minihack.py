@@ -105,6 +105,13 @@ _FALLBACK_LEGEND = {
 }
 
 
+_OUTCOMES = {
+    "success": "You reached the goal: the task is complete.",
+    "death": "You died: the episode is over.",
+    "aborted": "NetHack ended the episode.",
+    "running": "The episode is over.",
+}
+
 # Object classes worth pointing out (tools, weapons, armour, food, scrolls, potions, wands, rings...).
 _ITEM_CODES = [ord(ch) for ch in "()[%?!/=\"*$"]
 
@@ -247,19 +254,23 @@ class MiniHackEnv:
             info["invalid_action"] = True
             text = (
                 f"'{action.strip()[:60]}' is not a valid action here. Valid actions: "
-                f"{', '.join(self.admissible_actions)}.\n\n" + self._render()
+                f"{', '.join(self.admissible_actions)}.\n\n"
             )
             reward, terminated = 0.0, False
         else:
             before = self.agent_pos
             reward, terminated, status = self._send(word)
             self._note_bump(word, before)
-            text = self._render()
             info["end_status"] = status
+            text = ""
         truncated = not terminated and self._turns >= self.max_turns
+        outcome = ""
         if terminated or truncated:
             self._done = True
             info["success"] = bool(terminated and info.get("end_status") == "success")
+            outcome = _OUTCOMES.get(info["end_status"], "") if terminated else "Out of turns: the episode is over."
+        # After an invalid action NetHack did not move, so its message line is from the turn before.
+        text += self._render(outcome, show_message=word is not None)
         return text, float(reward), bool(terminated), bool(truncated), info
 
     def close(self) -> None:
@@ -276,7 +287,9 @@ class MiniHackEnv:
             obs, reward, terminated, _, info = self._gym.step(self._actions.index(key))
             total += float(reward)
             end = info.get("end_status", end)
-            self._absorb(obs)
+            # NetHack's screen after the game is over is all zeros: keep the last real view.
+            if obs["chars"].any():
+                self._absorb(obs)
             if terminated:
                 break
         status = {
@@ -288,6 +301,8 @@ class MiniHackEnv:
 
     def _absorb(self, obs: dict[str, np.ndarray]) -> None:
         """Update the remembered map and the structured view from one NLE observation."""
+        # NLE reuses its observation buffers, so keep a copy of the state we describe.
+        obs = {k: v.copy() for k, v in obs.items()}
         self._obs = obs
         chars, glyphs = obs["chars"], obs["glyphs"]
         col, row = int(obs["blstats"][0]), int(obs["blstats"][1])
@@ -341,12 +356,13 @@ class MiniHackEnv:
     def _description_at(self, r: int, c: int) -> str:
         return _decode(self._obs["screen_descriptions"][r, c])
 
-    def _render(self) -> str:
+    def _render(self, outcome: str = "", show_message: bool = True) -> str:
+        """The observation text; at the episode's end `outcome` replaces the surroundings."""
         nz = np.argwhere(self._grid != BLANK)
         (r0, c0), (r1, c1) = nz.min(0), nz.max(0)
         lines = [self.grid[r][c0:c1 + 1].rstrip() for r in range(r0, r1 + 1)]
         parts = []
-        msg = self.message
+        msg = self.message if show_message else ""
         if msg:
             parts.append(f"Message: {msg}")
         parts.append("Map:\n" + "\n".join(lines))
@@ -356,7 +372,9 @@ class MiniHackEnv:
         if self.has_key:
             status += " You carry a key."
         parts.append(status)
-        if self.describe:
+        if outcome:
+            parts.append(outcome)
+        elif self.describe:
             parts.append(self._describe_surroundings())
         return "\n".join(parts)
 

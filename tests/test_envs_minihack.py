@@ -70,6 +70,9 @@ def test_reaching_the_stairs_is_success(envs):
         assert not terminated
     obs, reward, terminated, truncated, info = env.step("go southeast")
     assert terminated and not truncated and info["success"] is True and reward == 1.0
+    # NetHack's screen is blank once the game is over: the last real view is shown instead.
+    assert "\0" not in obs and "....>" in obs and "HP 12/12" in obs
+    assert obs.endswith("You reached the goal: the task is complete.")
 
 
 def test_turn_limit_truncates_as_failure():
@@ -78,8 +81,9 @@ def test_turn_limit_truncates_as_failure():
         obs, _ = env.reset(seed=0)
         assert "Next to you" not in obs
         for turn in range(1, 4):
-            _, _, terminated, truncated, info = env.step("north")
+            obs, _, terminated, truncated, info = env.step("north")
         assert truncated and not terminated and info["success"] is False
+        assert obs.endswith("Out of turns: the episode is over.")
         with pytest.raises(RuntimeError):
             env.step("north")
     finally:
