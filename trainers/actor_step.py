@@ -110,7 +110,7 @@ def actor_update(backend, optimizer: torch.optim.Optimizer, episodes: Sequence[E
     adv = episode_advantages(episodes, normalize_std=loss_cfg.normalize_std, joint=loss_cfg.joint_normalization)
     rows = build_rows(episodes, adv)
     stats: dict[str, float] = {"policy/frac_nonzero_adv": float((adv != 0).float().mean()) if len(adv) else 0.0,
-                               "policy/rows": float(len(rows)),
+                               "policy/rows": float(len(rows)), "policy/tokens": float(sum(len(r.ids) for r in rows)),
                                "policy/adv_abs_mean": float(adv.abs().mean()) if len(adv) else 0.0}
     if not rows:
         stats.update({"policy/loss": 0.0, "policy/grad_norm": 0.0, "policy/skipped": 1.0})

@@ -30,7 +30,7 @@ class RunSection:
     checkpoint_every: int = 10  # steps between checkpoints (and one at stop)
     eval_every: int = 0  # steps between held-out evaluations (0 = only at the end)
     eval_episodes: int = 16  # held-out episodes per evaluation, per condition (with / without experience)
-    store_episodes: int = 4  # episodes stored for replay per step (0 = none)
+    store_episodes: bool = True  # keep every episode in the store (replay in the workbench; entry lineage points at them)
     deterministic: bool = True  # wait for each step's distillation before the next step (reproducible); False lets it run behind
     threads: int = 0  # torch CPU threads (0 = torch's default)
 
@@ -39,8 +39,8 @@ class RunSection:
             raise ConfigError(f"run.variant must be one of {', '.join(VARIANTS)}, not {self.variant!r}")
         if self.max_steps < 1:
             raise ConfigError("run.max_steps must be >= 1")
-        if self.warmup_steps < 0 or self.checkpoint_every < 1 or self.eval_episodes < 0 or self.store_episodes < 0:
-            raise ConfigError("run.warmup_steps, eval_episodes and store_episodes must be >= 0, checkpoint_every >= 1")
+        if self.warmup_steps < 0 or self.checkpoint_every < 1 or self.eval_episodes < 0:
+            raise ConfigError("run.warmup_steps and eval_episodes must be >= 0, checkpoint_every >= 1")
 
 
 @dataclass

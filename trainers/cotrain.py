@@ -148,6 +148,10 @@ def train(ctx: RunContext) -> None:
             # -- collect (during warm-up: no retrieval, the library is only seeded)
             specs = make_specs(cfg, mixture, rng, step)
             episodes = _collect(roller, router, specs, step, retrieval=not warm)
+            if cfg.run.store_episodes:
+                ids = ctx.store.add_trajectories([trajectory_record(e, run_id=ctx.run_id, step=step) for e in episodes])
+                for e, i in zip(episodes, ids):
+                    e.store_id = i
             metrics = {**episode_metrics(episodes), **roller.stats}
             if manager is not None:
                 metrics.update(manager.latency_percentiles())
@@ -165,11 +169,6 @@ def train(ctx: RunContext) -> None:
                     metrics.update(experience.merge(step))
                 metrics.update(experience.metrics())
             # -- log
-            if cfg.run.store_episodes:
-                keep = episodes[: cfg.run.store_episodes] if not cfg.rollout.with_experience else (
-                    [e for e in episodes if e.spec.with_experience][: cfg.run.store_episodes // 2 or 1]
-                    + [e for e in episodes if not e.spec.with_experience][: cfg.run.store_episodes // 2 or 1])
-                ctx.store.add_trajectories([trajectory_record(e, run_id=ctx.run_id, step=step) for e in keep])
             metrics["time/step_s"] = time.perf_counter() - t_step
             ctx.log(step, metrics)
             if step % cfg.run.checkpoint_every == 0:

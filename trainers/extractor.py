@@ -249,7 +249,8 @@ class ExperienceLoop:
             for op in parsed.ops:
                 op.generation = g
             res = self.manager.apply_operations(parsed.ops, OpContext(env=e.spec.env, task=e.traj.task, query=e.traj.task,
-                                                                      run_id=self.run_id, step=step, source=Source.EXTRACTED))
+                                                                      run_id=self.run_id, step=step, episode_id=e.store_id,
+                                                                      source=Source.EXTRACTED))
             with self._lock:
                 self.counters["adds"] += sum(r.ok and r.op.kind == "add" for r in res)
                 self.counters["updates_ops"] += sum(r.ok and r.op.kind == "update" for r in res)
@@ -289,9 +290,10 @@ class ExperienceLoop:
             baselines = experience_free_baseline(outcomes, torch.tensor([e.spec.with_experience for e in episodes]),
                                                  torch.tensor([e.spec.group_id for e in episodes]))
         rewards = entry_rewards(retrieved, outcomes, baselines=baselines)  # entry id -> mean signed outcome
-        usage = [(i, e.success, e.reward) for e in episodes for i in set(e.traj.experience_ids)]
-        if usage:
-            self.store.record_outcomes(usage, run_id=self.run_id, step=step)
+        used = [(i, e) for e in episodes for i in sorted(set(e.traj.experience_ids))]
+        if used:
+            self.store.record_outcomes([(i, e.success, e.reward) for i, e in used], run_id=self.run_id, step=step,
+                                       episode_ids=[e.store_id for _, e in used])
         new = 0
         if self.trains and rewards:
             entries = self.store.get_many(rewards)

@@ -55,6 +55,7 @@ class Episode:
     tool_entry_ids: list[int] = field(default_factory=list)
     invalid_actions: int = 0
     error: str = ""
+    store_id: int | None = None  # the stored episode's id, once the run has saved it
 
     @property
     def reward(self) -> float:

@@ -1,0 +1,120 @@
+"""Training speed of the embedded default on this CPU: rollouts, the learner, a full step, memory,
+and the ExperienceManager's cost to rollouts.
+
+    python benchmarks/bench_training.py [--quick] [--data-dir ./comprl_data]
+
+Rollouts with retrieval (K/2 of each group get the top entry of a real library through the
+ExperienceManager) and without it are interleaved, same model, same seeds, and timed side by side;
+the ratio is the paper's "rollout time with the ExperienceManager vs the baseline" (0.98–1.00× at
+their scale). Writes benchmarks/results/bench_training.json and .md.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from benchmarks.common import environment, median, write_results  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--data-dir", default=str(ROOT / "comprl_data"))
+    ap.add_argument("--env", default="minihack/Room-5x5")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+
+    from core.config import LibraryConfig
+    from core.embedding import Embedder
+    from core.manager import ExperienceManager, OpContext
+    from core.store import ExperienceStore
+    from core.types import Operation, format_entry_text
+    from envs.pool import EnvPool
+    from trainers.actor_step import actor_update
+    from trainers.config import load_run_config, resolve_model_path
+    from trainers.models import HFBackend
+    from trainers.rollout import EpisodeSpec, Roller
+    from trainers.warmstart import ensure_models
+
+    ensure_models(args.data_dir)
+    cfg = load_run_config(ROOT / "configs" / "minihack_room_cpu.yaml")
+    actor = HFBackend(resolve_model_path(cfg.actor.path, args.data_dir), device="cpu", num_threads=1)
+    rounds = 3 if args.quick else 6
+    k, tasks = cfg.rollout.group_size, cfg.rollout.tasks_per_step
+    with tempfile.TemporaryDirectory() as d:
+        store = ExperienceStore(f"sqlite:///{d}/bench.db")
+        lib = LibraryConfig()
+        mgr = ExperienceManager(store, Embedder(lib.embedding), lib.manager, lib.index)
+        # a realistic library: entries for this env's task, as the extractor writes them
+        pool = EnvPool([args.env] * (k * tasks), num_workers=2)
+        task = pool.reset_many([(0, 0, None)])[0].task
+        mgr.apply_operations([Operation("add", text=format_entry_text(f"Tip {i}", "how to reach the goal",
+                                                                      f"Head towards the > diagonally; tip variant {i}."))
+                              for i in range(200)], OpContext(env=args.env, task=task))
+        roller = Roller(actor, pool, mgr, rollout_cfg=cfg.rollout, actor_cfg=cfg.actor, max_turns=cfg.env.max_turns, seed=0)
+        with_t, without_t, ret_s, eps_s, tok_s, learn = [], [], [], [], [], []
+        opt = torch.optim.AdamW(actor.trainable_parameters(), lr=1e-9)  # ~no-op steps: speed only, the model stays put
+        for r in range(rounds):
+            specs = [EpisodeSpec(args.env, 1000 * r + t, i < k // 2, t) for t in range(tasks) for i in range(k)]
+            base = [EpisodeSpec(s.env, s.seed, False, s.group_id) for s in specs]
+            for mode in ((0, 1) if r % 2 == 0 else (1, 0)):  # alternate the order: no systematic warm-cache bias
+                if mode == 0:
+                    roller.manager = mgr
+                    t0 = time.perf_counter()
+                    eps = roller.collect(specs, step=r)
+                    with_t.append(time.perf_counter() - t0)
+                    ret_s.append(roller.stats["rollout/retrieval_s"])
+                    eps_s.append(roller.stats["rollout/episodes_per_s"])
+                    tok_s.append(roller.stats["rollout/tokens_per_s"])
+                else:
+                    roller.manager = None
+                    t0 = time.perf_counter()
+                    roller.collect(base, step=r)
+                    without_t.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            st = actor_update(actor, opt, eps, cfg.loss, cfg.actor)
+            learn.append((time.perf_counter() - t0, st["policy/tokens"] if "policy/tokens" in st else 0.0))
+        mgr.close()
+        pool.close()
+    learn_s = median([a for a, _ in learn])
+    learn_tok = median([b / a for a, b in learn if a > 0]) if learn else 0.0
+    step_s = median(with_t) + learn_s
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    ratio = median(with_t) / median(without_t)
+    res = {"benchmark": "training", "environment": environment(), "env": args.env, "episodes_per_step": k * tasks,
+           "rollout_episodes_per_s": median(eps_s), "rollout_tokens_per_s": median(tok_s), "learner_tokens_per_s": learn_tok,
+           "learner_s": learn_s, "step_s": step_s, "peak_rss_mb": peak_mb, "rollout_s_with_manager": median(with_t),
+           "rollout_s_without": median(without_t), "ratio_with_to_without": ratio,
+           "retrieval_share_of_rollout": median(ret_s) / median(with_t), "rounds": rounds,
+           "model": actor.describe()}
+    table = "\n".join([
+        "| measure | value |", "|---|---:|",
+        f"| episodes per step | {k * tasks} ({tasks} tasks × K={k}) |",
+        f"| rollout episodes/s | {res['rollout_episodes_per_s']:.2f} |",
+        f"| rollout tokens/s (generated) | {res['rollout_tokens_per_s']:.0f} |",
+        f"| learner tokens/s (rows × length) | {learn_tok:.0f} |",
+        f"| learner s per step | {learn_s:.2f} |",
+        f"| full step s (rollout + learner) | {step_s:.2f} |",
+        f"| peak RSS MB | {peak_mb:.0f} |",
+        f"| rollout s with ExperienceManager (K/2 retrieve) | {median(with_t):.2f} |",
+        f"| rollout s without experience | {median(without_t):.2f} |",
+        f"| **ratio with / without** | **{ratio:.3f}** |",
+        f"| retrieval calls' share of the rollout | {100 * res['retrieval_share_of_rollout']:.2f}% |",
+        "", f"Model: {actor.describe()}; medians of {rounds} interleaved rounds.",
+    ])
+    write_results("bench_training", res, table)
+
+
+if __name__ == "__main__":
+    main()
