@@ -98,7 +98,9 @@ def bench_pool(name: str, workers: int, window_s: float, repeats: int) -> dict[s
 def run(names: list[str], quick: bool, repeats: int) -> dict[str, Any]:
     window = 1.0 if quick else 4.0
     report: dict[str, Any] = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        # The load average says how much other work shared the CPUs: figures from a busy machine are low.
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+                    "load_avg_1m_at_start": os.getloadavg()[0]},
         "quick": quick,
         "window_s": window,
         "repeats": repeats,
@@ -137,7 +139,8 @@ def run(names: list[str], quick: bool, repeats: int) -> dict[str, Any]:
 def to_markdown(report: dict[str, Any]) -> str:
     m = report["machine"]
     lines = [
-        f"Env speed on {m['cpus']} CPUs, Python {m['python']} ({'quick' if report['quick'] else 'full'} run: "
+        f"Env speed on {m['cpus']} CPUs (1-min load average {m['load_avg_1m_at_start']:.1f} at start), "
+        f"Python {m['python']} ({'quick' if report['quick'] else 'full'} run: "
         f"{report['repeats']} windows of {report['window_s']:g} s; medians). Pool columns: aggregate steps/s of "
         f"{report['pool_slots']} slots, resets included.",
         "",

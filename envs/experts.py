@@ -164,22 +164,30 @@ class _SokobanSolver:
 
     WIDTH = 79
 
-    def __init__(self, budget: int = 400_000, max_cached: int = 200_000) -> None:
-        self.budget = budget
+    def __init__(self, budget: int = 250_000, max_cached: int = 200_000) -> None:
+        self.budget = budget  # search nodes per solve; Sokoban1a from its start needs ~150k
         self.max_cached = max_cached
         self.next_word: dict[tuple[int, frozenset[int], frozenset[int]], str] = {}
+        # Boulder/pit layouts a solve gave up on: walking about does not change them, so trying
+        # again from every square would only repeat the same long, failing search.
+        self.unsolved: set[tuple[frozenset[int], frozenset[int]]] = set()
 
     def action(self, env: MiniHackEnv) -> str | None:
         w = self.WIDTH
         cells = {r * w + c: ch for r, line in enumerate(env.grid) for c, ch in enumerate(line) if ch not in "|- "}
         boulders = frozenset(k for k, ch in cells.items() if ch == "`")
-        pits = frozenset(k for k, ch in cells.items() if ch == "^")
+        # An object lying in a pit is drawn over it once in view; the pit was seen on the premapped
+        # start, so a remembered trap square that does not show plain floor is still open.
+        seen_traps = {r * w + c for r, c in getattr(env, "traps", ())}
+        pits = frozenset(k for k, ch in cells.items() if ch == "^" or (k in seen_traps and ch not in ".@`"))
         goals = [k for k, ch in cells.items() if ch == ">"]
         player = env.agent_pos[0] * w + env.agent_pos[1]
         key = (player, boulders, pits)
-        if key not in self.next_word and goals:
+        if key not in self.next_word and goals and (boulders, pits) not in self.unsolved:
             pushes = self._solve(set(cells), boulders, pits, player, goals[0])
-            if pushes is not None:
+            if pushes is None:
+                self.unsolved.add((boulders, pits))
+            else:
                 self._remember(set(cells), boulders, pits, player, goals[0], pushes)
         return self.next_word.get(key)
 

@@ -11,7 +11,8 @@ kills its process, the worker is restarted and every episode in it ends as a fai
 an env ends only that slot's episode; its env is rebuilt on the next reset. One worker per slot
 (the default) isolates every env.
 
-Workers start with multiprocessing's "forkserver" method: NetHack keeps global state in its
+A factory must be picklable by reference (a module-level function or class in an importable
+module, not in `__main__`). Workers start with multiprocessing's "forkserver" method: NetHack keeps global state in its
 shared library, so a process must never be forked after an env is built; the fork server forks
 from a clean process that has only imported the env modules.
 """
