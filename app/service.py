@@ -46,7 +46,8 @@ DEFAULT_UPLOAD_CAP_MB = 20.0
 ARM_KINDS = ("current", "version", "file", "none", "minus", "plus")
 MAX_SEEDS = 10_000
 LOG_TAIL_BYTES = 64_000
-ROWS_PER_REFRESH = 250_000  # metric rows read per curve refresh and run (a long history loads over a few ticks)
+ROWS_PER_KEY_PER_PULL = 10_000  # metric rows read per (run, key) per refresh: a long history loads over a few ticks
+PULL_INTERVAL_S = 0.5  # sessions refreshing within this of each other share one read of the store
 
 
 class UserInputError(ValueError):
@@ -138,43 +139,98 @@ class _Grow:
 
 
 @dataclass
-class _Series:
+class _History:
+    """One (run, key) series as read so far, shared by every browser session (metrics are append-only)."""
+
     steps: _Grow = field(default_factory=_Grow)
     values: _Grow = field(default_factory=_Grow)
     times: _Grow = field(default_factory=_Grow)
+    cursor: int = 0  # id of the last metric row read: the next read starts after it
+    complete: bool = False  # the last read reached the end of what the store had
+
+
+class MetricCache:
+    """Process-wide series cache fed by per-(run, key) cursors: the store is asked only for rows past each
+    cursor, once per run per PULL_INTERVAL_S however many sessions watch, at most ROWS_PER_KEY_PER_PULL per key
+    per pull (a 100k-point history loads over a few ticks instead of stalling one)."""
+
+    def __init__(self, store: ExperienceStore, max_runs: int = 32) -> None:
+        self.store = store
+        self.max_runs = max_runs
+        self._series: dict[tuple[int, str], _History] = {}
+        self._runs: OrderedDict[int, float] = OrderedDict()  # run -> time of its last pull (LRU order)
+        self._locks: dict[int, threading.Lock] = {}
+        self._lock = threading.Lock()
+
+    def pull(self, run_id: int, keys: Sequence[str]) -> int:
+        with self._lock:
+            lock = self._locks.setdefault(run_id, threading.Lock())
+        with lock:
+            last = self._runs.get(run_id, 0.0)
+            if time.monotonic() - last < PULL_INTERVAL_S and all(
+                    self._series.get((run_id, k), _History(complete=True)).complete for k in keys):
+                return 0
+            n = 0
+            for k in keys:
+                h = self._series.get((run_id, k))
+                cols = self.store.metric_series_since(run_id, k, after_id=h.cursor if h else 0, limit=ROWS_PER_KEY_PER_PULL)
+                got = len(cols["id"])
+                if h is None:
+                    if not got:
+                        continue
+                    h = self._series[(run_id, k)] = _History()
+                if got:
+                    h.steps.extend(cols["step"])
+                    h.values.extend(cols["value"])
+                    h.times.extend(cols["time"])
+                    h.cursor = int(cols["id"][-1])
+                h.complete = got < ROWS_PER_KEY_PER_PULL
+                n += got
+            with self._lock:
+                self._runs[run_id] = time.monotonic()
+                self._runs.move_to_end(run_id)
+                while len(self._runs) > self.max_runs:
+                    old, _ = self._runs.popitem(last=False)
+                    for key in [key for key in self._series if key[0] == old]:
+                        del self._series[key]
+            return n
+
+    def get(self, run_id: int, key: str) -> _History | None:
+        return self._series.get((run_id, key))
+
+
+@dataclass
+class _Smoothed:
+    """A session's smoothing of one shared series: how many points it has taken in, and their EMA."""
+
+    n: int = 0
     smooth: _Grow = field(default_factory=_Grow)
-    ema_state: tuple[float, int] = (0.0, 0)
+    state: tuple[float, int] = (0.0, 0)
     weight: float = -1.0
 
-    def append(self, steps: np.ndarray, values: np.ndarray, times: np.ndarray, weight: float) -> None:
-        self.steps.extend(steps)
-        self.values.extend(values)
-        self.times.extend(times)
+    def catch_up(self, values: np.ndarray, weight: float) -> int:
+        """Smooth the points past `n` (all of them again when the weight changed); returns how many were new."""
         if weight != self.weight:
-            self.resmooth(weight)
+            self.smooth, self.state, self.weight, done = _Grow(), (0.0, 0), weight, 0
         else:
-            sm, self.ema_state = views.ema(values, weight, self.ema_state)
+            done = self.n
+        new = len(values) - self.n
+        if len(values) > done:
+            sm, self.state = views.ema(values[done:], weight, self.state)
             self.smooth.extend(sm)
-
-    def resmooth(self, weight: float) -> None:
-        self.smooth = _Grow()
-        sm, self.ema_state = views.ema(self.values.view, weight)
-        self.smooth.extend(sm)
-        self.weight = weight
+        self.n = len(values)
+        return new
 
 
 @dataclass
 class CurveSession:
-    """One browser session's view of the curves: cursors per (run, key), the series so far, edit marks."""
+    """One browser session's view of the curves: its position in each shared series, smoothing, edit marks."""
 
-    series: dict[tuple[int, str], _Series] = field(default_factory=dict)
-    cursors: dict[tuple[int, str], int] = field(default_factory=dict)
+    smoothed: dict[tuple[int, str], _Smoothed] = field(default_factory=dict)
     edit_times: list[float] = field(default_factory=list)
     edit_cursor: int = 0
     last_view: tuple | None = None
-    loading: frozenset[int] = frozenset()  # runs whose history is still being read in
     lock: threading.Lock = field(default_factory=threading.Lock)
-    fetched_rows: int = 0
 
 
 # -- live episodes: the trainer's policy player, or the scripted expert --------------------------------
@@ -256,6 +312,7 @@ class Workbench:
         self._manager = None
         self._manager_lock = threading.Lock()
         self._max_sessions = max_sessions
+        self.metrics = MetricCache(self.store)
         self._curves: OrderedDict[str, CurveSession] = OrderedDict()
         self._plays: OrderedDict[str, _Play] = OrderedDict()
         self._sessions_lock = threading.Lock()
@@ -507,8 +564,9 @@ class Workbench:
                        x_axis: str = "step") -> tuple[str, list[str | None], str]:
         """(session token, one figure JSON per panel or None when unchanged, status line).
 
-        Only metric rows newer than the session's cursor for each (run, key) are read from the store;
-        the series live in the session and are downsampled on the way out.
+        The store is read only past the cursors of the shared series; the session takes in only the
+        points past its own position in each, smooths them incrementally, and redraws only the panels
+        whose series grew (or all of them when the view changed). Long series are downsampled here.
         """
         token, sess = self._session(self._curves, token, CurveSession)
         smoothing = float(min(max(smoothing or 0.0, 0.0), 0.99))
@@ -517,24 +575,33 @@ class Workbench:
         t0 = time.perf_counter()
         with sess.lock:
             dirty: set[str] = set()
-            new_rows = 0
             for rid in runs:
-                new_rows += self._pull_metrics(sess, rid, smoothing, dirty)
+                self.metrics.pull(rid, views.CURVE_KEYS)
+            view = (tuple(runs), smoothing, x_axis)
+            if view != sess.last_view:
+                dirty |= {p.id for p in views.PANELS}
+                sess.last_view = view
+            new_points, loading = 0, False
+            for rid in runs:
+                for panel in views.PANELS:
+                    for ck in panel.keys:
+                        h = self.metrics.get(rid, ck.key)
+                        if h is None:
+                            continue
+                        loading |= not h.complete
+                        sm = sess.smoothed.setdefault((rid, ck.key), _Smoothed())
+                        grew = sm.catch_up(h.values.view, smoothing)
+                        if grew:
+                            new_points += grew
+                            dirty.add(panel.id)
             edits = self.store.human_edits_since(sess.edit_cursor)
             if edits:
                 sess.edit_cursor = edits[-1]["id"]
                 sess.edit_times.extend(e["created_at"] for e in edits)
                 dirty |= {p.id for p in views.PANELS}
-            view = (tuple(runs), smoothing, x_axis)
-            if view != sess.last_view:
-                for key, s in sess.series.items():
-                    if s.weight != smoothing:
-                        s.resmooth(smoothing)
-                dirty |= {p.id for p in views.PANELS}
-                sess.last_view = view
             figs: list[str | None] = []
             names = {r["id"]: f"#{r['id']} {r['name']}"[:32] for r in self.store.list_runs()} if dirty else {}
-            marks = self._edit_marks(sess, runs, x_axis) if dirty else []
+            marks = self._edit_marks(sess.edit_times, runs, x_axis) if dirty and sess.edit_times else []
             for panel in views.PANELS:
                 if panel.id not in dirty:
                     figs.append(None)
@@ -542,57 +609,33 @@ class Workbench:
                 series = []
                 for rid in runs:
                     for ck in panel.keys:
-                        s = sess.series.get((rid, ck.key))
-                        if s is not None and s.values.n:
-                            x = s.times.view if x_axis == "time" else s.steps.view
-                            series.append(views.SeriesView(rid, ck.key, x, s.values.view, s.smooth.view))
+                        h = self.metrics.get(rid, ck.key)
+                        sm = sess.smoothed.get((rid, ck.key))
+                        if h is not None and sm is not None and sm.n:
+                            x = (h.times if x_axis == "time" else h.steps).view[: sm.n]
+                            series.append(views.SeriesView(rid, ck.key, x, h.values.view[: sm.n], sm.smooth.view))
                 fig = views.curve_figure(panel, series, run_names=names, x_axis=x_axis, smoothing=smoothing,
                                          edit_marks=marks)
                 figs.append(views.figure_json(fig))
-            points = sum(s.values.n for (rid, _), s in sess.series.items() if rid in runs)
+            points = sum(sm.n for (rid, _), sm in sess.smoothed.items() if rid in runs)
         ms = (time.perf_counter() - t0) * 1000
-        loading = " · loading history…" if sess.loading & set(runs) else ""
-        status = (f"{len(runs)} run(s) · {points:,} points held · {new_rows:,} new rows this refresh · "
-                  f"{len(sess.edit_times)} human edits · refreshed in {ms:.0f} ms{loading}" if runs else
-                  "choose one or more runs to plot")
+        status = (f"{len(runs)} run(s) · {points:,} points held · {new_points:,} new points this refresh · "
+                  f"{len(sess.edit_times)} human edits · refreshed in {ms:.0f} ms"
+                  f"{' · loading history…' if loading else ''}" if runs else "choose one or more runs to plot")
         return token, figs, status
 
-    def _pull_metrics(self, sess: CurveSession, rid: int, smoothing: float, dirty: set[str]) -> int:
-        """Append the rows of run `rid` past the session's cursors; at most ROWS_PER_REFRESH per call, so a
-        long history loads over a few ticks instead of stalling one."""
-        keys = views.CURVE_KEYS
-        after = min(sess.cursors.get((rid, k), 0) for k in keys)
-        cols = self.store.metric_columns_since(rid, keys, after_id=after, limit=ROWS_PER_REFRESH)
-        n = len(cols["id"])
-        if n:
-            names, codes = np.unique(cols["key"], return_inverse=True)
-            for j, k in enumerate(names.tolist()):
-                sel = (codes == j) & (cols["id"] > sess.cursors.get((rid, k), 0))
-                if not sel.any():
-                    continue
-                s = sess.series.setdefault((rid, k), _Series())
-                s.append(cols["step"][sel], cols["value"][sel], cols["time"][sel], smoothing)
-                sess.cursors[(rid, k)] = int(cols["id"][sel][-1])
-                dirty |= {p.id for p in views.PANELS if any(ck.key == k for ck in p.keys)}
-            after = int(cols["id"][-1])
-            for k in keys:  # keys with no rows yet move their cursor too, so the next query starts late
-                sess.cursors[(rid, k)] = max(sess.cursors.get((rid, k), 0), after)
-        sess.loading = sess.loading - {rid} if n < ROWS_PER_REFRESH else sess.loading | {rid}
-        sess.fetched_rows += n
-        return n
-
-    def _edit_marks(self, sess: CurveSession, runs: list[int], x_axis: str) -> list[float]:
-        if not sess.edit_times or not runs:
-            return []
+    def _edit_marks(self, edit_times: list[float], runs: list[int], x_axis: str) -> list[float]:
+        """Edit positions on the x axis: their times, or on a step axis the step the first chosen run had
+        reached when the edit was made (from its longest series)."""
         if x_axis == "time":
-            return list(sess.edit_times)
-        # On a step axis, an edit sits at the step the first chosen run had reached at that time.
-        best = max((s for (rid, _), s in sess.series.items() if rid == runs[0]), key=lambda s: s.values.n, default=None)
-        if best is None or best.values.n < 2:
+            return list(edit_times)
+        longest = max((h for k in views.CURVE_KEYS if (h := self.metrics.get(runs[0], k)) is not None),
+                      key=lambda h: h.values.n, default=None) if runs else None
+        if longest is None or longest.values.n < 2:
             return []
-        t, st = best.times.view, best.steps.view
+        t, st = longest.times.view, longest.steps.view
         order = np.argsort(t, kind="stable")
-        return views.edit_positions(sess.edit_times, "step", t[order], st[order])
+        return views.edit_positions(edit_times, "step", t[order], st[order])
 
     # -- library: table and search -----------------------------------------------------------------
 

@@ -231,7 +231,7 @@ def build(wb: Workbench) -> gr.Blocks:
             with gr.Tab("A/B tests", id="ab", elem_id="tab-ab"):
                 with gr.Row():
                     ab_name = gr.Textbox(label="name", elem_id="ab-name")
-                    ab_env = gr.Dropdown(choices=envs, value=envs[0] if envs else None, label="env", elem_id="ab-env")
+                    ab_env = gr.Dropdown(choices=envs, value="minihack/Room-5x5" if "minihack/Room-5x5" in envs else None, label="env", elem_id="ab-env")
                     ab_seeds = gr.Textbox(label="task seeds (held out)", value="1000-1019", elem_id="ab-seeds")
                     ab_ckpt = gr.Textbox(label="policy checkpoint folder (empty: default policy)", elem_id="ab-ckpt")
                     ab_turns = gr.Number(label="max turns (empty: env's)", precision=0, elem_id="ab-turns")

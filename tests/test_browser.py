@@ -293,7 +293,6 @@ TINY_RUN = """run:
   max_steps: 4
   checkpoint_every: 2
   eval_episodes: 0
-  store_episodes: 2
 env:
   names: {{minihack/Room-5x5: 1.0}}
   max_turns: 4

@@ -123,34 +123,44 @@ def test_shipped_configs_are_listed_and_read(wb):
 
 
 def test_curves_fetch_only_new_rows(wb, monkeypatch):
+    import app.service as service
+
     rid = wb.store.create_run("c", status="running")
     for s in range(100):
         wb.store.log_metrics(rid, s, {"policy/reward_with_exp": s / 100, "library/size": s, "other/key": 1.0})
+    monkeypatch.setattr(service, "PULL_INTERVAL_S", 0.0)
     calls = []
-    real = wb.store.metric_columns_since
+    real = wb.store.metric_series_since
 
-    def spy(run_id, keys=None, after_id=0, limit=200_000):
-        cols = real(run_id, keys, after_id, limit)
-        calls.append((after_id, len(cols["id"])))
+    def spy(run_id, key, after_id=0, limit=200_000):
+        cols = real(run_id, key, after_id, limit)
+        calls.append((key, after_id, len(cols["id"])))
         return cols
 
-    monkeypatch.setattr(wb.store, "metric_columns_since", spy)
+    monkeypatch.setattr(wb.store, "metric_series_since", spy)
     tok, figs, status = wb.refresh_curves(None, [rid], 0.6, "step")
-    assert calls[-1] == (0, 200)  # the two charted keys, not "other/key"
+    read = {k: n for k, _, n in calls}
+    assert read["policy/reward_with_exp"] == 100 and read["library/size"] == 100 and "other/key" not in read
     assert all(f is not None for f in figs)
     reward = json.loads(figs[0])
     assert [len(t["x"]) for t in reward["data"]] == [100, 100]
-    # Nothing new: nothing re-read, nothing redrawn.
+    # Nothing new: only past the cursors is asked, nothing read, nothing redrawn.
+    calls.clear()
     tok2, figs2, _ = wb.refresh_curves(tok, [rid], 0.6, "step")
     assert tok2 == tok and figs2 == [None] * len(figs)
-    cursor = calls[-1][0]
-    assert cursor > 0 and calls[-1][1] == 0
+    cursor = {k: a for k, a, _ in calls}
+    assert cursor["policy/reward_with_exp"] > 0 and all(n == 0 for _, _, n in calls)
+    calls.clear()
     wb.store.log_metrics(rid, 100, {"policy/reward_with_exp": 1.0})
     _, figs3, status = wb.refresh_curves(tok, [rid], 0.6, "step")
-    assert calls[-1] == (cursor, 1)
+    assert ("policy/reward_with_exp", cursor["policy/reward_with_exp"], 1) in calls
     assert figs3[0] is not None and figs3[1] is None  # only the reward panel changed
     assert [len(t["x"]) for t in json.loads(figs3[0])["data"]] == [101, 101]
-    assert "1 new rows" in status
+    assert "1 new points" in status
+    # A second browser session shares what was read: its first refresh asks the store nothing new.
+    calls.clear()
+    _, figs4, status = wb.refresh_curves(None, [rid], 0.6, "step")
+    assert all(n == 0 for _, _, n in calls) and [len(t["x"]) for t in json.loads(figs4[0])["data"]] == [101, 101]
 
 
 def test_curves_view_changes_redraw_and_edits_are_marked(wb):
@@ -176,12 +186,13 @@ def test_curves_view_changes_redraw_and_edits_are_marked(wb):
 def test_long_history_loads_over_several_ticks(wb, monkeypatch):
     import app.service as service
 
-    monkeypatch.setattr(service, "ROWS_PER_REFRESH", 50)
+    monkeypatch.setattr(service, "ROWS_PER_KEY_PER_PULL", 25)
+    monkeypatch.setattr(service, "PULL_INTERVAL_S", 0.0)
     rid = wb.store.create_run("long")
     for s in range(60):
         wb.store.log_metrics(rid, s, {"policy/reward_with_exp": float(s), "policy/success_with_exp": 0.5})
     tok, figs, status = wb.refresh_curves(None, [rid])
-    assert "loading history" in status and "50 new rows" in status
+    assert "loading history" in status and "50 new points" in status
     tok, figs, status = wb.refresh_curves(tok, [rid])
     assert "loading history" in status
     tok, figs, status = wb.refresh_curves(tok, [rid])

@@ -1,0 +1,220 @@
+"""Screenshots of every workbench view for docs/workbench.md, taken from the real app.
+
+    python docs/make_screenshots.py [--out docs/img] [--steps 8]
+
+In a temporary data directory it writes a few library entries by hand (through the workbench
+service, as a person would), merges two of them and edits one; runs a real short training run
+(`comprl train`, a tiny untrained model built on the spot, so the curves are real but flat); runs
+a real A/B test; then starts `comprl app` on a free loopback port and photographs each tab in
+Chromium (/usr/bin/chromium, headless). Needs the trainer for the run and the A/B test; without it
+those views are photographed empty.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+
+ENTRIES = [
+    ("Walk diagonally to the stairs", "Room tasks where the > is visible from the start",
+     "Diagonal moves (northeast, southwest, ...) cover a room in half the steps; head straight for the > and stop."),
+    ("Stairs first, items never", "Room-5x5 and Room-Ultimate-5x5",
+     "Picking up objects or fighting costs turns without reward; only reaching the staircase counts."),
+    ("Go around monsters", "Room-Ultimate with a monster between you and the stairs",
+     "Step diagonally past a monster instead of attacking; attacks can miss for several turns."),
+    ("Get the key before the door", "KeyRoom: a locked door separates you from the stairs",
+     "Walk to the key (the ( sign), pick it up, then apply it at the door before going through."),
+    ("Follow the corridor", "MazeWalk: long corridors with dead ends",
+     "Keep to one wall; on a dead end turn back at once rather than searching."),
+    ("Walk diagonally toward the staircase", "Room tasks where the > can be seen",
+     "Diagonal steps reach the > in fewer turns; go directly there."),
+]
+
+TINY_RUN = """run:
+  name: docs-demo
+  variant: complementary
+  max_steps: {steps}
+  checkpoint_every: 4
+  eval_episodes: 0
+env:
+  names: {{minihack/Room-5x5: 1.0}}
+  max_turns: 6
+actor:
+  path: {model}
+  max_new_tokens: 4
+rollout:
+  tasks_per_step: 1
+  group_size: 4
+  with_experience: 2
+extractor:
+  model:
+    path: {model}
+    max_new_tokens: 24
+  buffer_size: 4
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def trainer_available() -> bool:
+    try:
+        importlib.import_module("trainers.engine")
+    except Exception:
+        return False
+    return True
+
+
+def tiny_model(folder: Path) -> str:
+    from trainers.models import build_tiny_qwen2, build_tokenizer, save_model_folder
+
+    texts = ["north south east west northeast northwest southeast southwest wait search the stairs > @ . # | -"] * 40
+    tok = build_tokenizer(texts, vocab_size=400)
+    return str(save_model_folder(build_tiny_qwen2(tok, hidden=64, layers=2, heads=4, kv_heads=2, max_pos=2048), tok, folder))
+
+
+def seed(data: Path, steps: int) -> dict:
+    from app.service import Workbench
+
+    wb = Workbench(data)
+    ids = [wb.create_entry(t, d, c, "minihack/Room-5x5" if i < 3 or i == 5 else
+                           ("minihack/KeyRoom-S5" if i == 3 else "minihack/MazeWalk-9x9"),
+                           "Reach the staircase down (>)")[1] for i, (t, d, c) in enumerate(ENTRIES)]
+    wb.save_entry(ids[1], wb.store.get(ids[1]).text + " Ignore gold.", 1)
+    _, merged = wb.accept_merge(f"{ids[0]}, {ids[5]}", "## Title: Walk diagonally to the stairs\n"
+                                "## Description: Room tasks where the > can be seen\n"
+                                "## Content: Diagonal steps reach the > in about half the turns; go straight there.")
+    info = {"entries": ids, "merged": merged, "run": None, "ab": None}
+    if trainer_available():
+        model = tiny_model(data.parent / "tiny-model")
+        cfg = data.parent / "docs-run.yaml"
+        cfg.write_text(TINY_RUN.format(steps=steps, model=model))
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        print("training a short real run …", flush=True)
+        subprocess.run([sys.executable, "-m", "app.cli", "train", str(cfg), "--data-dir", str(data)], cwd=ROOT, env=env,
+                       check=True, stdout=subprocess.DEVNULL)
+        info["run"] = wb.store.list_runs()[0]["id"]
+        print("running an A/B test …", flush=True)
+        msg, ab = wb.create_ab_test("current vs none", "minihack/Room-5x5", "0-3", model, 6, "current", "", None, "none", "",
+                                    None)
+        info["ab"] = ab
+        deadline = time.time() + 300
+        while ab and wb.store.get_ab_test(ab)["status"] not in ("done", "failed") and time.time() < deadline:
+            time.sleep(2)
+            wb.reap_processes()
+    wb.close()
+    return info
+
+
+def shoot(url: str, out: Path, info: dict) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    out.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(url)
+        page.wait_for_selector("#runs-table", timeout=60_000)
+        if info["run"]:
+            page.locator("#run-id input").fill(str(info["run"]))
+            page.locator("#run-id input").press("Enter")
+            page.wait_for_timeout(1500)
+        page.locator("#config-choice input").click()
+        page.locator("#config-choice input").fill("minihack_room_cpu")
+        page.wait_for_timeout(500)
+        page.locator("#config-choice input").press("ArrowDown")
+        page.locator("#config-choice input").press("Enter")
+        page.wait_for_timeout(1500)
+        page.locator("#config-check").click()
+        page.wait_for_timeout(2500)
+        page.screenshot(path=str(out / "runs.png"), full_page=True)
+
+        page.get_by_role("tab", name="Live curves").click()
+        page.wait_for_timeout(4000)
+        page.screenshot(path=str(out / "curves.png"), full_page=True)
+
+        page.get_by_role("tab", name="Library").click()
+        page.locator("#entry-id input").fill(str(info["merged"]))
+        page.locator("#entry-open").click()
+        expect(page.locator("#entry-loaded")).to_contain_text("loaded", timeout=20_000)
+        page.screenshot(path=str(out / "library.png"), full_page=True)
+        page.locator("#entry-id input").fill(str(info["entries"][1]))
+        page.locator("#entry-open").click()
+        page.wait_for_timeout(1500)
+        page.locator("#diff-btn").click()
+        page.wait_for_timeout(1500)
+        page.locator("#entry-history").scroll_into_view_if_needed()
+        page.screenshot(path=str(out / "library-history-diff.png"))
+        page.get_by_role("button", name="Merge entries").click()
+        page.locator("#dup-find").click()
+        page.wait_for_timeout(6000)
+        page.locator("#merge-box").scroll_into_view_if_needed()
+        page.screenshot(path=str(out / "library-merge.png"))
+
+        page.get_by_role("tab", name="A/B tests").click()
+        if info["ab"]:
+            page.locator("#ab-id input").fill(str(info["ab"]))
+            page.locator("#ab-open").click()
+            page.wait_for_timeout(2500)
+        page.screenshot(path=str(out / "ab.png"), full_page=True)
+
+        page.get_by_role("tab", name="Agent demo").click()
+        page.locator("#demo-start").click()
+        expect(page.locator("#demo-status")).to_contain_text("ready", timeout=60_000)
+        for _ in range(3):
+            page.locator("#demo-step").click()
+            page.wait_for_timeout(700)
+        page.screenshot(path=str(out / "demo.png"), full_page=False)
+        browser.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(ROOT / "docs" / "img"))
+    ap.add_argument("--steps", type=int, default=8, help="steps of the short real training run")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "data"
+        info = seed(data, args.steps)
+        port = free_port()
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        env.pop("COMPRL_AUTH", None)
+        app = subprocess.Popen([sys.executable, "-m", "app.cli", "app", "--data-dir", str(data), "--port", str(port)],
+                               cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        try:
+            url = f"http://127.0.0.1:{port}/"
+            deadline = time.time() + 120
+            while True:
+                try:
+                    with urllib.request.urlopen(url, timeout=2):
+                        break
+                except OSError:
+                    if app.poll() is not None or time.time() > deadline:
+                        raise RuntimeError("the workbench did not start") from None
+                    time.sleep(0.5)
+            shoot(url, Path(args.out), info)
+        finally:
+            app.terminate()
+            app.wait(timeout=30)
+    print(f"screenshots in {args.out}")
+
+
+if __name__ == "__main__":
+    main()
