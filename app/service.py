@@ -512,7 +512,9 @@ class Workbench:
         run = self.store.get_run(rid)
         path = self._log_path_for(run)
         if path is None or not path.is_file():
-            return f"run {rid} has no log file yet" + (f" (error: {run['error']})" if run.get("error") else "")
+            where = ("its log file is not written yet" if path is not None else
+                     "it was not started from this workbench, so its output went to the terminal that started it")
+            return f"run {rid}: {where}" + (f" (error: {run['error']})" if run.get("error") else "")
         return _tail(path, lines)
 
     def launch_log_tail(self, lines: int = 60) -> str:

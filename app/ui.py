@@ -71,14 +71,15 @@ def build(wb: Workbench) -> gr.Blocks:
         with gr.Tabs():
             # ---------------------------------------------------------------- Runs
             with gr.Tab("Runs", id="runs", elem_id="tab-runs"):
-                runs_df = gr.Dataframe(value=wb.runs_table(), interactive=False, elem_id="runs-table", label="runs",
+                runs_df = gr.Dataframe(value=wb.runs_table(), interactive=False, elem_id="runs-table", label="runs (click one to choose it)",
+                                       column_widths=views.RUN_COLUMN_WIDTHS,
                                        max_height=320, wrap=True)
                 with gr.Row():
                     run_id = gr.Number(label="run id", precision=0, elem_id="run-id", scale=1)
                     pause_btn = gr.Button("Pause", elem_id="run-pause", scale=1)
                     resume_btn = gr.Button("Resume", elem_id="run-resume", scale=1)
                     stop_btn = gr.Button("Stop", elem_id="run-stop", variant="stop", scale=1)
-                    fork_steps = gr.Number(label="resume: max steps (empty: the config's)", precision=0, scale=1)
+                    fork_steps = gr.Number(label="resume: max steps (0: the config's)", precision=0, scale=1)
                     fork_btn = gr.Button("Resume from checkpoint", elem_id="run-resume-ckpt", scale=1)
                 run_msg = gr.Markdown(elem_id="run-msg")
                 run_log = gr.Textbox(label="log tail", lines=12, max_lines=12, elem_id="run-log", autoscroll=True,
@@ -87,7 +88,7 @@ def build(wb: Workbench) -> gr.Blocks:
                     with gr.Row():
                         cfg_choice = gr.Dropdown(choices=wb.shipped_configs(), label="shipped config", elem_id="config-choice",
                                                  value=None, scale=2)
-                        launch_steps = gr.Number(label="max steps (empty: the config's)", precision=0, elem_id="launch-steps",
+                        launch_steps = gr.Number(label="max steps (0: the config's)", precision=0, elem_id="launch-steps",
                                                  scale=1)
                     with gr.Row():
                         cfg_editor = gr.Code(language="yaml", lines=18, max_lines=30, interactive=True,
@@ -140,13 +141,13 @@ def build(wb: Workbench) -> gr.Blocks:
                     page_md = gr.Markdown(elem_id="lib-pageinfo")
                 first_df, first_info = wb.library_page()
                 lib_df = gr.Dataframe(value=first_df, interactive=False, elem_id="library-table", max_height=420, wrap=True,
-                                      label="entries (click a row to open it)")
+                                      label="entries (click a row to open it)", column_widths=views.ENTRY_COLUMN_WIDTHS)
                 with gr.Row():
                     q_text = gr.Textbox(label="semantic search (the actor's embedder and index)", elem_id="lib-search", scale=4)
                     q_k = gr.Number(value=20, precision=0, label="results", scale=1)
                     q_btn = gr.Button("Search", elem_id="lib-search-btn", scale=1)
                 q_md = gr.Markdown()
-                q_df = gr.Dataframe(interactive=False, elem_id="search-table", max_height=300, wrap=True,
+                q_df = gr.Dataframe(value=views.entries_table([], scores=[]), interactive=False, elem_id="search-table", max_height=300, wrap=True,
                                     label="search results (click a row to open it)")
 
                 gr.Markdown("### Entry")
@@ -168,9 +169,9 @@ def build(wb: Workbench) -> gr.Blocks:
                         e_msg = gr.Markdown(elem_id="entry-msg")
                     with gr.Column(scale=2):
                         e_lineage = gr.Markdown(elem_id="entry-lineage")
-                        e_usage = gr.Dataframe(interactive=False, label="retrieved by (episodes and outcomes)",
+                        e_usage = gr.Dataframe(value=views.usage_table([]), interactive=False, label="retrieved by (episodes and outcomes)",
                                                elem_id="entry-usage", max_height=220)
-                e_history = gr.Dataframe(interactive=False, label="version history", elem_id="entry-history", max_height=260)
+                e_history = gr.Dataframe(value=views.history_table([]), interactive=False, label="version history", elem_id="entry-history", max_height=260)
                 with gr.Row():
                     v_from = gr.Dropdown(label="diff from version", choices=[], elem_id="diff-from", scale=1)
                     v_to = gr.Dropdown(label="to version", choices=[], elem_id="diff-to", scale=1)
@@ -211,7 +212,7 @@ def build(wb: Workbench) -> gr.Blocks:
                         d_across = gr.Checkbox(label="across tasks", value=False)
                         d_btn = gr.Button("Find near-duplicates", elem_id="dup-find")
                     d_msg = gr.Markdown(elem_id="dup-msg")
-                    d_df = gr.Dataframe(interactive=False, elem_id="dup-table", max_height=300, wrap=True)
+                    d_df = gr.Dataframe(value=views.clusters_table([], {}), interactive=False, elem_id="dup-table", max_height=300, wrap=True)
 
                 with gr.Accordion("Import / export (JSONL)", open=False, elem_id="io-box"):
                     with gr.Row():
@@ -253,10 +254,10 @@ def build(wb: Workbench) -> gr.Blocks:
                     ab_open = gr.Button("Open", elem_id="ab-open")
                 ab_progress = gr.HTML(elem_id="ab-progress")
                 ab_summary = gr.Markdown(elem_id="ab-summary")
-                ab_results = gr.Dataframe(interactive=False, label="success per arm (Wilson 95% intervals)",
+                ab_results = gr.Dataframe(value=views.ab_results_table({}), interactive=False, label="success per arm (Wilson 95% intervals)",
                                           elem_id="ab-results")
-                ab_tasks = gr.Dataframe(interactive=False, label="per task", elem_id="ab-tasks", max_height=260)
-                ab_eps = gr.Dataframe(interactive=False, label="episodes (click one to replay it)", elem_id="ab-episodes",
+                ab_tasks = gr.Dataframe(value=views.ab_per_task_table({}), interactive=False, label="per task", elem_id="ab-tasks", max_height=260)
+                ab_eps = gr.Dataframe(value=views.episodes_table([]), interactive=False, label="episodes (click one to replay it)", elem_id="ab-episodes",
                                       max_height=260)
                 ab_episode = gr.HTML(elem_id="ab-episode")
                 ab_log = gr.Textbox(label="evaluation log", lines=6, max_lines=6, interactive=False, elem_id="ab-log")
@@ -271,7 +272,8 @@ def build(wb: Workbench) -> gr.Blocks:
                     d_env = gr.Dropdown(choices=envs, value="minihack/Room-5x5" if "minihack/Room-5x5" in envs else None,
                                         label="env", elem_id="demo-env")
                     d_seed = gr.Number(value=0, precision=0, label="task seed", elem_id="demo-seed")
-                    d_ckpt = gr.Textbox(label="policy checkpoint (empty: default)", elem_id="demo-ckpt")
+                    d_ckpt = gr.Textbox(label="policy checkpoint or model folder (empty: the embedded default, built on first use)",
+                                        elem_id="demo-ckpt")
                     d_lib = gr.Radio(["current", "none"], value="current", label="library", elem_id="demo-lib")
                 with gr.Row():
                     d_start = gr.Button("Start", variant="primary", elem_id="demo-start")
@@ -286,7 +288,7 @@ def build(wb: Workbench) -> gr.Blocks:
                         r_run = gr.Number(label="run id (empty: any)", precision=0, elem_id="replay-run")
                         r_ab = gr.Number(label="A/B test id (empty: any)", precision=0, elem_id="replay-ab")
                         r_list = gr.Button("List episodes", elem_id="replay-list")
-                    r_df = gr.Dataframe(interactive=False, elem_id="replay-table", max_height=260,
+                    r_df = gr.Dataframe(value=views.episodes_table([]), interactive=False, elem_id="replay-table", max_height=260,
                                         label="episodes (click one to replay it)")
                     with gr.Row():
                         r_id = gr.Number(label="episode id", precision=0, elem_id="replay-id")
@@ -314,7 +316,7 @@ def build(wb: Workbench) -> gr.Blocks:
         curve_inputs = [curve_token, curve_runs, smoothing, x_axis]
         curve_outputs = [curve_token, curve_status, *plots]
         curve_timer.tick(lambda *a: _curves_out(wb.refresh_curves(*a)), inputs=curve_inputs, outputs=curve_outputs,
-                         show_progress=hidden, concurrency_limit=8)
+                         show_progress=hidden, concurrency_limit=8, trigger_mode="once")
         for comp in (curve_runs, smoothing, x_axis):
             comp.change(lambda *a: _curves_out(wb.refresh_curves(*a)), inputs=curve_inputs, outputs=curve_outputs,
                         show_progress=hidden)

@@ -77,8 +77,13 @@ def ema(values: np.ndarray, weight: float, state: tuple[float, int] = (0.0, 0)) 
     if weight <= 0.0:
         return values.copy(), (float(values[-1]), count + len(values))
     biased, _ = lfilter([1.0 - weight], [1.0, -weight], values, zi=[weight * last])
-    t = np.arange(count + 1, count + len(values) + 1, dtype=np.float64)
-    debiased = biased / (1.0 - np.power(weight, t))
+    # 1 − w^t is 1 to double precision once w^t < 1e-17: divide only the first points (cheap on 100k).
+    horizon = int(math.ceil(math.log(1e-17) / math.log(weight))) if weight < 1.0 else len(values) + count
+    k = max(0, min(len(values), horizon - count))
+    debiased = biased.copy()
+    if k:
+        t = np.arange(count + 1, count + k + 1, dtype=np.float64)
+        debiased[:k] /= 1.0 - np.power(weight, t)
     return debiased, (float(biased[-1]), count + len(values))
 
 
@@ -230,6 +235,7 @@ def short(text: str, width: int = 80) -> str:
 
 RUN_COLUMNS = ["id", "name", "variant", "env", "status", "step", "success with exp", "success without exp", "started",
                "device / back end"]
+RUN_COLUMN_WIDTHS = ["5%", "12%", "10%", "13%", "8%", "6%", "9%", "9%", "13%", "15%"]
 
 
 def runs_table(runs: Sequence[dict[str, Any]], latest: dict[int, dict[str, float]]) -> pd.DataFrame:
@@ -244,6 +250,7 @@ def runs_table(runs: Sequence[dict[str, Any]], latest: dict[int, dict[str, float
 
 ENTRY_COLUMNS = ["id", "title", "env", "task", "source", "status", "v", "retrieved", "trained", "successes", "failures",
                  "success rate", "updated"]
+ENTRY_COLUMN_WIDTHS = ["4%", "19%", "11%", "16%", "6%", "6%", "3%", "6%", "5%", "6%", "5%", "6%", "7%"]
 
 
 def _success_rate(e: Experience) -> str:

@@ -290,7 +290,7 @@ def tiny_model(tmp_path_factory):
 TINY_RUN = """run:
   name: browser-tiny
   variant: complementary
-  max_steps: 4
+  max_steps: 3
   checkpoint_every: 2
   eval_episodes: 0
 env:
@@ -362,7 +362,7 @@ def test_live_policy_demo_plays(page, request, tiny_model):
     except AttributeError:
         pytest.skip("trainers.rollout.EpisodePlayer is not provided by the trainer yet")
     tab(page, "Agent demo")
-    page.get_by_label("policy").check()
+    page.locator("#demo-mode label", has_text="policy").click()
     page.locator("#demo-ckpt input, #demo-ckpt textarea").first.fill(tiny_model)
     page.locator("#demo-start").click()
     expect(page.locator("#demo-status")).to_contain_text("ready", timeout=90_000)

@@ -83,7 +83,7 @@ def test_log_tail(wb, tmp_path):
     assert tail.splitlines() == ["line 497", "line 498", "line 499"]
     assert "no run with id" in wb.log_tail(12345)
     rid2 = wb.store.create_run("r2")
-    assert "no log file yet" in wb.log_tail(rid2)
+    assert "not started from this workbench" in wb.log_tail(rid2)
 
 
 def test_bad_yaml_is_refused_with_its_line(wb):
