@@ -158,7 +158,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     from trainers.cotrain import train
     from trainers.engine import RunContext
 
-    overrides: dict = {}
+    from trainers.config import parse_overrides
+
+    overrides: dict = parse_overrides(args.set or [])
     if args.max_steps is not None:
         overrides.setdefault("run", {})["max_steps"] = args.max_steps
     if args.name:
@@ -295,6 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--max-steps", type=int, help="override run.max_steps")
     tr.add_argument("--name", help="override run.name")
     tr.add_argument("--resume", type=int, metavar="RUN_ID", help="continue a run from its latest checkpoint")
+    tr.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
+                    help="override one config field (YAML value), e.g. --set run.seed=3 --set run.variant=grpo")
     tr.add_argument("--run-id", type=int, help=argparse.SUPPRESS)  # the workbench creates the row, then starts us
     tr.set_defaults(func=cmd_train)
 

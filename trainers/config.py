@@ -30,6 +30,7 @@ class RunSection:
     checkpoint_every: int = 10  # steps between checkpoints (and one at stop)
     eval_every: int = 0  # steps between held-out evaluations (0 = only at the end)
     eval_episodes: int = 16  # held-out episodes per evaluation, per condition (with / without experience)
+    eval_at_start: bool = False  # evaluate the starting policy before the first step (a fresh run only)
     store_episodes: bool = True  # keep every episode in the store (replay in the workbench; entry lineage points at them)
     deterministic: bool = True  # wait for each step's distillation before the next step (reproducible); False lets it run behind
     threads: int = 0  # torch CPU threads (0 = torch's default)
@@ -177,6 +178,25 @@ def load_run_config(source: str | os.PathLike[str] | dict[str, Any], *, override
     if overrides:
         data = _deep_merge(data, overrides)
     return from_dict(RunConfig, data)
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """["run.seed=3", "env.names={minihack/Room-5x5: 1}"] -> nested dict; values are YAML."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set wants section.field=value, got {item!r}")
+        try:
+            v = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--set {key}: the value is not valid YAML ({e})") from None
+        node = out
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = v
+    return out
 
 
 def _deep_merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:

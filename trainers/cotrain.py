@@ -138,6 +138,8 @@ def train(ctx: RunContext) -> None:
     step = ctx.start_step
     status, error = "finished", ""
     try:
+        if cfg.run.eval_at_start and step == 0 and cfg.run.eval_episodes:
+            ctx.log(0, evaluate_run(cfg, roller, router, manager, 0))
         while step < cfg.run.max_steps:
             if ctx.poll() == "stop":
                 status = "stopped"
