@@ -78,22 +78,22 @@ class WarmStartConfig:
     share_correct_entry: float = 0.45  # share with a correct entry the expert follows (the rest: a wrong entry, ignored)
     noisy_share: float = 0.35  # share of demo episodes played by an epsilon-noisy expert (states still labelled by the expert)
     noise_eps: float = 0.25  # per-turn chance that the noisy expert takes a random move or an invalid word
-    dagger_episodes: int = 48  # per env: episodes of the partly trained policy whose states the expert relabels
+    dagger_episodes: int = 24  # per env: episodes of the partly trained policy whose states the expert relabels
     dagger_at: float = 0.55  # fraction of the policy's SFT steps after which the DAgger episodes are collected
     dagger_temperature: float = 1.0  # sampling temperature of the DAgger rollouts
-    dagger_max_turns: int = 24  # a DAgger episode stops after this many turns (later states of a lost episode repeat)
+    dagger_max_turns: int = 16  # a DAgger episode stops after this many turns (later states of a lost episode repeat)
     vocab_size: int = 2048  # byte-level BPE vocabulary size (both models share the tokenizer)
-    policy_hidden: int = 192  # policy hidden size
+    policy_hidden: int = 128  # policy hidden size
     policy_layers: int = 4  # policy transformer layers
     policy_heads: int = 4  # policy attention heads
     policy_kv_heads: int = 2  # policy key/value heads (grouped-query attention)
-    extractor_hidden: int = 192  # extractor hidden size
+    extractor_hidden: int = 128  # extractor hidden size
     extractor_layers: int = 4  # extractor transformer layers
     extractor_heads: int = 4  # extractor attention heads
     extractor_kv_heads: int = 2  # extractor key/value heads
     max_positions: int = 4096  # position embeddings of both models (the rollout's prompt + reply must fit)
-    policy_steps: int = 200  # policy SFT optimiser steps
-    extractor_steps: int = 100  # extractor SFT optimiser steps
+    policy_steps: int = 500  # policy SFT optimiser steps
+    extractor_steps: int = 150  # extractor SFT optimiser steps
     batch_size: int = 8  # sequences per policy SFT step
     extractor_batch_size: int = 4  # sequences per extractor SFT step (its sequences are about twice as long)
     threads: int = 0  # torch CPU threads while building; 0 = the cores left free by the current load (>= 1)
@@ -108,7 +108,7 @@ class WarmStartConfig:
     op_budget: int = 2  # extractor prompt: the operation budget shown
     action_max_new_tokens: int = 8  # tokens generated per actor turn in the evaluation and DAgger rollouts
     extractor_max_new_tokens: int = 320  # tokens generated per extractor answer in the parse-rate measurement
-    eval_episodes: int = 12  # held-out episodes per env and condition (no / correct / wrong entry)
+    eval_episodes: int = 8  # held-out episodes per env and condition (no / correct / wrong entry)
     eval_extractor: int = 24  # held-out trajectories for the extractor parse rate
     rollout_batch: int = 36  # episodes played in lockstep (one batched generate per turn) in DAgger and evaluation
     seed: int = 0  # one seed for everything (demo seeds, model init, batches)
@@ -802,7 +802,7 @@ def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
     """Steps 1-6 into `tmp/policy` and `tmp/extractor`; returns the measured results."""
     from tqdm.auto import tqdm
 
-    t0 = time.time()
+    t0, c0 = time.time(), time.process_time()
     torch.manual_seed(cfg.seed)
     threads = cfg.threads or _free_cores()
     load_at_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
@@ -812,6 +812,10 @@ def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
     timings: dict[str, float] = {}
     old_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
+    from transformers.utils import logging as hf_logging
+
+    bars_were_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # one progress bar: ours, not a "Loading weights" bar per reload
     try:
         def stage(name: str) -> None:
             bar.set_postfix_str(name)
@@ -824,9 +828,9 @@ def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
         texts = [P.ACTOR_SYSTEM, P.ACTOR_SYSTEM_NO_TOOL, P.EXPERIENCE_BLOCK, P.ACTOR_USER, P.HISTORY_ITEM, P.TOOL_RESULT,
                  P.EXTRACTOR_SYSTEM, P.EXTRACTOR_USER, P.MERGE_USER, P.REWRITE_USER]
         rng = random.Random(cfg.seed)
-        for d in demos:
-            t = rng.choice(d.turns)
-            texts.append(json.dumps(_actor_prompt(cfg, d, t)) + " " + t.label)
+        for d in demos:  # enough text that whole words and phrases become tokens: shorter prompts, faster steps
+            for t in rng.sample(d.turns, k=min(4, len(d.turns))):
+                texts.append("\n".join(m["content"] for m in _actor_prompt(cfg, d, t)) + "\n" + t.label)
             texts.append(_extractor_target(d)[1])
         tokenizer = build_tokenizer(texts, vocab_size=cfg.vocab_size, model_max_length=cfg.max_positions)
         bar.update(1)
@@ -891,6 +895,8 @@ def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
     finally:
         bar.close()
         torch.set_num_threads(old_threads)
+        if bars_were_on:
+            hf_logging.enable_progress_bar()
 
     kinds: dict[str, int] = {}
     for e in pol_ex + ext_ex:
@@ -911,6 +917,8 @@ def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
         "vocab": len(tokenizer),
         "timings_s": timings,
         "wall_s": round(time.time() - t0, 1),
+        # CPU seconds of this process: with one thread, the wall time on an otherwise idle machine.
+        "cpu_s": round(time.process_time() - c0, 1),
         "threads": threads,
         "load_avg_at_start": round(load_at_start, 2),
     }
