@@ -35,6 +35,8 @@ import random
 import re
 import sys
 import tempfile
+import threading
+import weakref
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -591,9 +593,31 @@ def _memo_pddl2sas(original: Any) -> Any:
     return pddl2sas
 
 
+def _forgetful(parse: Any) -> Any:
+    """A textworld module's `_parse_and_convert` that leaves nothing behind in the module's tatsu
+    parser (a module-level singleton). The parser keeps its last parse's furthest failure (tatsu
+    raises and catches FailedParse while backtracking), whose traceback holds every frame up the
+    stack at that moment: the env that called step/reset, its game and its fast-downward library
+    copy, until the next parse. Memoised, parses are rare, so that env would stay alive."""
+    parser = getattr(sys.modules.get(getattr(parse, "__module__", "") or ""), "_PARSER", None)
+    reset = getattr(parser, "_initialize_caches", None)
+    if reset is None:
+        return parse
+
+    @functools.wraps(parse)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return parse(*args, **kwargs)
+        finally:
+            reset()
+
+    return run
+
+
 def _memo_twl2_parse(original: Any) -> Any:
     """The game's grammar document (alfred.twl2 + goal text) -> (actions, grammar), read-only
     afterwards: GameLogic copies the rules into its own grammar and only reads the actions."""
+    original = _forgetful(original)
 
     def parse_and_convert(text: str, rule_name: str = "", **kwargs: Any) -> Any:
         if rule_name != "pddlStart" or kwargs:
@@ -607,6 +631,7 @@ def _memo_twl2_parse(original: Any) -> Any:
 def _memo_csg_parse(original: Any) -> Any:
     """A text-grammar string -> its symbols. Derivation mutates the symbols' contexts, so every
     caller gets a fresh copy of the cached parse."""
+    original = _forgetful(original)
     cached = functools.lru_cache(maxsize=8192)(lambda text, rule_name, trace: original(text, rule_name=rule_name, trace=trace))
 
     def parse_and_convert(text: str, rule_name: str = "symbols", trace: bool = False, **kwargs: Any) -> Any:
@@ -621,6 +646,7 @@ def _memo_csg_parse(original: Any) -> Any:
 def _memo_query_parse(original: Any) -> Any:
     """A fact query ("atlocation(a:agent, l:location) & ...") -> its predicates, which are
     immutable values; each caller gets its own list."""
+    original = _forgetful(original)
     cached = functools.lru_cache(maxsize=4096)(lambda text: tuple(original(text, rule_name="conjunctiveQuery")))
 
     def parse_and_convert(text: str, rule_name: str = "", **kwargs: Any) -> Any:
@@ -661,6 +687,82 @@ def _install_speedups() -> None:
         if not getattr(getattr(module, attr), "comprl_memo", False):
             setattr(module, attr, wrap(getattr(module, attr)))
     textgen.copy_context = _shallow_copy_context
+
+
+# ---------------------------------------------------------------------------------------------
+# fast-downward library copies
+# ---------------------------------------------------------------------------------------------
+#
+# Every textworld PddlEnv loads a private copy of libdownward.so (fast_downward.load_lib copies
+# the file to a temp dir and dlopens it), because the library keeps the game state in globals.
+# The copies are NOT independent, though: options::RawRegistry::instance()::instance_ (a
+# function-local static) is an STB_GNU_UNIQUE symbol, so the dynamic loader binds it in every
+# copy to the first copy's object. Each new copy's static initialisers therefore append their
+# plugin entries (std::function objects and `options::Any` holders whose vtables live in *that*
+# copy) to the first copy's registry. fast_downward.close_lib dlcloses a copy and unmaps its
+# code, leaving those entries dangling; the next dlopen of a copy appends to the registry, the
+# vector reallocates, copies every entry through its vtable and jumps into unmapped memory:
+# "Segmentation fault" inside load_lib (seen with several envs alive, then closed, then new
+# ones made). Whether it crashes depends (most likely) on whether a later copy is mapped at the
+# freed address: making and closing one env at a time happened to survive.
+#
+# So no copy is ever unloaded in this process: a closed env hands its copy back to a pool (its
+# planner state freed with `cleanup()`), and the next env takes it instead of loading another.
+# The process holds as many copies as it had envs alive at once, each loaded exactly once.
+
+
+class _DownwardLibPool:
+    """Loaded copies of fast-downward's library, reused across envs and never dlclosed."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._free: list[Any] = []
+        self._free_ids: set[int] = set()
+        self.loaded = 0  # copies loaded in this process (they stay loaded)
+        self._load: Any = None  # fast_downward's own load_lib
+
+    def acquire(self) -> Any:
+        with self._lock:
+            if self._free:
+                lib = self._free.pop()
+                self._free_ids.discard(id(lib))
+                return lib
+            load = self._load
+        lib = load()  # outside the lock: dlopen takes the loader's own lock
+        with self._lock:
+            self.loaded += 1
+        return lib
+
+    def release(self, lib: Any) -> None:
+        """Take back a copy nobody uses any more; releasing one twice is a no-op."""
+        with self._lock:
+            if id(lib) in self._free_ids:
+                return
+            lib.cleanup()  # frees the game's state registry; load_sas starts afresh
+            self._free.append(lib)
+            self._free_ids.add(id(lib))
+
+    @property
+    def free(self) -> int:
+        with self._lock:
+            return len(self._free)
+
+
+_LIB_POOL = _DownwardLibPool()
+
+
+def _install_lib_pool() -> None:
+    """Route every load_lib / close_lib in this process (textworld's PddlEnv calls
+    `fast_downward.load_lib()`) through the pool, so no caller can unload a copy."""
+    import fast_downward
+    import fast_downward.interface as fd_interface
+
+    with _LIB_POOL._lock:
+        if _LIB_POOL._load is None:
+            _LIB_POOL._load = fd_interface.load_lib
+        for module in (fast_downward, fd_interface):
+            module.load_lib = _LIB_POOL.acquire
+            module.close_lib = _LIB_POOL.release
 
 
 # ---------------------------------------------------------------------------------------------
@@ -727,6 +829,7 @@ class AlfworldEnv:
             self.official_games = official_game_files(_official_root(data_dir), split, self.task_types)
         self.cache_dir = _writable_dir(Path(cache_dir) if cache_dir else None)
         self._tw = None  # the textworld env, started on first reset
+        self._release_lib: Any = lambda: None  # returns the env's library copy to _LIB_POOL
         self.game_file: Path | None = None  # the .tw-pddl file being played
         self.world: WorldView | None = None  # the game state as facts, refreshed every step (for experts)
         self._state: Any = None
@@ -779,17 +882,13 @@ class AlfworldEnv:
 
     def close(self) -> None:
         if self._tw is not None:
-            import fast_downward
-
-            # Each PddlEnv loads a private copy of fast-downward's library; unload it so that
-            # processes making many envs do not accumulate copies.
-            lib = getattr(self._tw.unwrapped, "downward_lib", None)
             self._tw.close()
             self._tw = None
             self.game_file = None
             self._state = None
-            if lib is not None:
-                fast_downward.close_lib(lib)
+        # Hand the env's copy of fast-downward's library back to the process pool (never
+        # dlclosed: see _DownwardLibPool).
+        self._release_lib()
         self.done = True
 
     # -- hints ---------------------------------------------------------------------------------
@@ -840,7 +939,11 @@ class AlfworldEnv:
         _disk_cache_dir = self.cache_dir
         infos = textworld.EnvInfos(won=True, admissible_commands=True)
         if self._tw is None:
+            _install_lib_pool()
             self._tw = textworld.start(str(game), request_infos=infos, wrappers=[AlfredDemangler])
+            # The copy goes back to the pool on close(), or when the env is collected unclosed.
+            self._release_lib = weakref.finalize(self, _LIB_POOL.release, self._tw.unwrapped.downward_lib)
+            self._release_lib.atexit = False
         elif self.game_file != game:
             # Reuse the env (and its copy of fast-downward's library); only the game changes.
             self._tw.load(str(game))

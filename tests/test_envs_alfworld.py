@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import json
 import math
+import os
 import time
 from pathlib import Path
 
@@ -350,3 +351,78 @@ def test_pddl_ids_demangle_to_the_names_the_game_shows():
     ids = {aw._pddl_id(name, 11).lower(): name for name in names}
     demangler = Demangler(game_infos={i: SimpleNamespace(id=i) for i in ids})
     assert {i: demangler.demangle_alfred_name(i).strip() for i in ids} == ids
+
+
+_MANY_ENVS = """
+import gc, json, random, sys
+from envs import alfworld as aw
+
+cache_dir = sys.argv[1]
+rng = random.Random(0)
+names = list(aw.TASK_TYPES) + ["all"]
+seeds = range(9)  # the games the tests above built (cached translations)
+peak = 0
+for rnd in range(3):
+    # Several envs alive at once (an env-pool worker), steps interleaved between them.
+    live = [aw.make_alfworld(t, cache_dir=cache_dir) for t in names]
+    peak = max(peak, len(live))
+    for env in live:
+        env.reset(seed=rng.choice(seeds))
+    for _ in range(4):
+        for env in rng.sample(live, len(live)):
+            if not env.done:
+                env.step(aw.alfworld_expert(env, "oracle"))
+    for env in live[:2]:
+        env.reset(seed=rng.choice(seeds))  # another game in the same env (same library copy)
+    # Closed in a random order; one is dropped without close() and garbage-collected.
+    rng.shuffle(live)
+    dropped = live.pop()
+    for env in live:
+        env.close()
+        env.close()  # closing twice is harmless
+    del dropped, env, live
+    gc.collect()
+    # Then one env at a time, made and closed again and again (the demo, a respawning slot).
+    for _ in range(5):
+        env = aw.make_alfworld(rng.choice(names), cache_dir=cache_dir)
+        env.reset(seed=rng.choice(seeds))
+        env.step(aw.alfworld_expert(env, "prior"))
+        env.close()
+        env.reset(seed=rng.choice(seeds))  # a closed env starts again on reset
+        env.step("look")
+        env.close()
+print(json.dumps({"loaded": aw._LIB_POOL.loaded, "free": aw._LIB_POOL.free, "peak": peak}))
+"""
+
+
+def test_many_envs_made_played_and_closed_in_one_process(cache_dir):
+    """Regression: several envs alive at once, closed, then new ones made used to kill the process
+    with a segfault inside fast_downward.load_lib (dlclosed library copies left dangling entries in
+    the registry all copies share; see _DownwardLibPool). Run in a subprocess so a crash fails
+    this test instead of ending pytest; each library copy must be loaded once and reused."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-X", "faulthandler", "-c", _MANY_ENVS, str(cache_dir)],
+                         capture_output=True, text=True, timeout=600, cwd=root,
+                         env={**os.environ, "PYTHONPATH": str(root)})
+    assert out.returncode == 0, f"exit code {out.returncode}\n{out.stderr[-3000:]}"
+    stats = json.loads(out.stdout.strip().splitlines()[-1])
+    assert stats["loaded"] <= stats["peak"]  # copies reused, not one per env
+    assert stats["free"] == stats["loaded"]  # closed and collected envs all gave theirs back
+
+
+def test_closed_env_returns_its_library_copy(cache_dir):
+    """In this process too: close() hands the copy to the pool and the next env takes it."""
+    a = aw.make_alfworld("pick_and_place", cache_dir=cache_dir)
+    a.reset(seed=0)
+    lib = a._tw.unwrapped.downward_lib
+    a.close()
+    b = aw.make_alfworld("pick_and_place", cache_dir=cache_dir)
+    try:
+        b.reset(seed=1)
+        assert b._tw.unwrapped.downward_lib is lib
+        assert b.step("look")[4]["invalid_action"] is False
+    finally:
+        b.close()
