@@ -137,6 +137,16 @@ def run_color(run_id: int) -> str:
     return RUN_COLORS[run_id % len(RUN_COLORS)]
 
 
+def _ys(y: np.ndarray, digits: int = 9) -> np.ndarray:
+    """Round to `digits` significant figures of the trace's largest value. The EMA of a constant comes
+    back with 1e-15 noise, which Plotly's autorange would blow up into full-height swings."""
+    top = float(np.max(np.abs(y))) if len(y) else 0.0
+    if top == 0.0 or not np.isfinite(top):
+        return y
+    scale = 10.0 ** (digits - 1 - math.floor(math.log10(top)))
+    return np.round(y * scale) / scale
+
+
 def _xs(x: np.ndarray, x_axis: str) -> np.ndarray:
     # Plotly reads epoch milliseconds on a date axis.
     return x * 1000.0 if x_axis == "time" else x
@@ -161,7 +171,7 @@ def curve_figure(panel: Panel, series: Sequence[SeriesView], *, run_names: dict[
         if smoothing > 0:
             ri = minmax_indices(len(s.x), s.y, MAX_RAW_POINTS)
             data.append({"type": "scattergl" if len(ri) > 2000 else "scatter", "mode": "lines",
-                         "x": _xs(s.x[ri], x_axis), "y": s.y[ri], "name": name + " (raw)", "yaxis": yaxis,
+                         "x": _xs(s.x[ri], x_axis), "y": _ys(s.y[ri]), "name": name + " (raw)", "yaxis": yaxis,
                          "legendgroup": name, "showlegend": False, "hoverinfo": "skip",
                          "line": {"color": _hex_rgba(color, 0.22), "width": 1, "dash": ck.dash}})
             si = stride_indices(len(s.x), MAX_SMOOTH_POINTS)
@@ -169,7 +179,7 @@ def curve_figure(panel: Panel, series: Sequence[SeriesView], *, run_names: dict[
         else:
             si = minmax_indices(len(s.x), s.y, MAX_RAW_POINTS)
             ys = s.y[si]
-        data.append({"type": "scatter", "mode": "lines", "x": _xs(s.x[si], x_axis), "y": ys, "name": name,
+        data.append({"type": "scatter", "mode": "lines", "x": _xs(s.x[si], x_axis), "y": _ys(ys), "name": name,
                      "yaxis": yaxis, "legendgroup": name, "line": {"color": color, "width": 2, "dash": ck.dash}})
     marks = list(edit_marks)[-MAX_EDIT_MARKS:]
     shapes = [{"type": "line", "xref": "x", "yref": "paper", "x0": m, "x1": m, "y0": 0, "y1": 1,

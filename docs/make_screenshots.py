@@ -42,6 +42,8 @@ ENTRIES = [
      "Keep to one wall; on a dead end turn back at once rather than searching."),
     ("Walk diagonally toward the staircase", "Room tasks where the > can be seen",
      "Diagonal steps reach the > in fewer turns; go directly there."),
+    ("Get the key before the locked door", "KeyRoom: a locked door separates you from the stairs",
+     "Walk to the key (the ( sign), pick it up, then apply it at the door before going through it."),
 ]
 
 TINY_RUN = """run:
@@ -94,9 +96,9 @@ def seed(data: Path, steps: int) -> dict:
     from app.service import Workbench
 
     wb = Workbench(data)
-    ids = [wb.create_entry(t, d, c, "minihack/Room-5x5" if i < 3 or i == 5 else
-                           ("minihack/KeyRoom-S5" if i == 3 else "minihack/MazeWalk-9x9"),
-                           "Reach the staircase down (>)")[1] for i, (t, d, c) in enumerate(ENTRIES)]
+    envs = ["minihack/Room-5x5"] * 3 + ["minihack/KeyRoom-S5", "minihack/MazeWalk-9x9", "minihack/Room-5x5",
+                                        "minihack/KeyRoom-S5"]
+    ids = [wb.create_entry(t, d, c, env, "Reach the staircase down (>)")[1] for (t, d, c), env in zip(ENTRIES, envs)]
     wb.save_entry(ids[1], wb.store.get(ids[1]).text + " Ignore gold.", 1)
     _, merged = wb.accept_merge(f"{ids[0]}, {ids[5]}", "## Title: Walk diagonally to the stairs\n"
                                 "## Description: Room tasks where the > can be seen\n"

@@ -91,6 +91,13 @@ def test_curve_figure_downsamples_100k_and_time_axis():
     assert len(unsmoothed["data"]) == 1
 
 
+def test_smoothed_constant_is_drawn_flat():
+    y = np.full(500, 5.0)
+    s = views.SeriesView(1, "library/size", np.arange(500.0), y, views.ema(y, 0.6)[0])
+    fig = views.curve_figure(views.PANELS[4], [s], run_names={}, smoothing=0.6)
+    assert all(set(np.asarray(t["y"]).tolist()) == {5.0} for t in fig["data"])
+
+
 def test_curve_figure_empty_says_so_and_secondary_axis():
     fig = views.curve_figure(views.PANELS[3], [], run_names={})
     assert fig["data"] == [] and "no data yet" in json.dumps(fig["layout"]["annotations"])
