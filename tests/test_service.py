@@ -481,3 +481,15 @@ def test_overview(wb):
     wb.store.create_run("r", status="running")
     md = wb.overview_md()
     assert "1 runs (1 running)" in md and str(wb.data_dir) in md
+
+
+def test_comprl_app_refuses_a_public_address_without_credentials(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "COMPRL_AUTH"}
+    r = subprocess.run([sys.executable, "-m", "app.cli", "app", "--host", "0.0.0.0", "--data-dir", str(tmp_path)],
+                       cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "refusing to serve on 0.0.0.0 without credentials" in r.stderr and "Traceback" not in r.stderr
