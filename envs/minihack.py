@@ -49,6 +49,13 @@ TASKS: dict[str, TaskSpec] = {
         "Reach the staircase down (>) in a lit 5x5 room.",
         50,
     ),
+    # Room-5x5 always starts the agent and the stairs on the same squares (every seed is one episode);
+    # Room-Random-5x5 draws both per seed: the lit-room task a policy cannot solve by memorising.
+    "Room-Random-5x5": TaskSpec(
+        "MiniHack-Room-Random-5x5-v0",
+        "Reach the staircase down (>) in a lit 5x5 room; you and the stairs start on random squares.",
+        50,
+    ),
     "Room-Ultimate-5x5": TaskSpec(
         "MiniHack-Room-Ultimate-5x5-v0",
         "Reach the staircase down (>) in a dark 5x5 room that also holds a monster and a hidden trap; "

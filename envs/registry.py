@@ -26,6 +26,7 @@ def _lazy(module: str, func: str, **bound: Any) -> Callable[..., TextEnv]:
 
 ENVS: dict[str, Callable[..., TextEnv]] = {
     "minihack/Room-5x5": _lazy("envs.minihack", "make_minihack", task="Room-5x5"),
+    "minihack/Room-Random-5x5": _lazy("envs.minihack", "make_minihack", task="Room-Random-5x5"),
     "minihack/Room-Ultimate-5x5": _lazy("envs.minihack", "make_minihack", task="Room-Ultimate-5x5"),
     "minihack/MazeWalk-9x9": _lazy("envs.minihack", "make_minihack", task="MazeWalk-9x9"),
     "minihack/KeyRoom-S5": _lazy("envs.minihack", "make_minihack", task="KeyRoom-S5"),
