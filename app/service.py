@@ -34,7 +34,7 @@ import yaml
 
 from app import views
 from core import library_io, merge
-from core.config import ConfigError, LibraryConfig, default_db_url, from_dict
+from core.config import ConfigError, LibraryConfig, default_db_url
 from core.store import ExperienceStore, NewEntry, NotFoundError, StaleWriteError, StoreError
 from core.types import Experience, Source, Status, format_entry_text
 

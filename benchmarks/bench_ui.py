@@ -9,12 +9,13 @@ with the two reward keys at 100k steps, overlaid:
 - incremental: one new step written, the session reads only rows past its cursors and redraws the changed panels;
 - idle: nothing new (no panel redrawn);
 - resmooth: the smoothing slider moved (every series re-smoothed, every panel redrawn);
-and the bytes of figure JSON sent to the browser per refresh (downsampled on the server).
+and the bytes of figure JSON sent to the browser per refresh (downsampled on the server). Also the
+Library tab's server-side paging (`Workbench.library_page`) over a 100k-entry library.
 
 The store is built once and cached under benchmarks/results/cache/ (ignored by git): writing
 2.9M rows one step at a time, as a trainer does, takes a few minutes.
 
-    python benchmarks/bench_ui.py [--points 100000] [--repeats 20]
+    python benchmarks/bench_ui.py [--points 100000] [--repeats 20] [--entries 100000]
 """
 from __future__ import annotations
 
@@ -61,6 +62,52 @@ def build_store(path: Path, points: int) -> None:
     tmp.rename(path)
 
 
+def build_library(path: Path, n: int) -> None:
+    """n entries over 5 envs and 50 tasks, with varied counters, written in batches as an import would."""
+    from core.store import NewEntry
+    from core.types import Source
+
+    tmp = path.with_suffix(".building")
+    for p in (tmp, Path(str(tmp) + "-wal"), Path(str(tmp) + "-shm")):
+        p.unlink(missing_ok=True)
+    store = ExperienceStore(f"sqlite:///{tmp}")
+    rng = np.random.default_rng(1)
+    envs = ["minihack/Room-5x5", "minihack/KeyRoom-S5", "minihack/MazeWalk-9x9", "alfworld/pick_and_place", "webshop"]
+    for start in range(0, n, 5000):
+        batch = []
+        for i in range(start, min(n, start + 5000)):
+            batch.append(NewEntry(
+                text=f"## Title: lesson {i}\n## Description: when task {i % 50} starts\n## Content: step {i % 7} first, then {i % 11}",
+                env=envs[i % 5], task=f"task {i % 50}", source=Source.EXTRACTED if i % 3 else Source.MERGED,
+                counters={"retrieved_count": int(rng.integers(0, 500)), "successes": int(rng.integers(0, 50)),
+                          "failures": int(rng.integers(0, 50))}))
+        store.add_entries(batch, actor="import", action="import")
+    store.close()
+    tmp.rename(path)
+
+
+def library_paging(db_url: str, repeats: int) -> dict[str, float]:
+    """Milliseconds per `Workbench.library_page` call (the Library tab's table) on a large library."""
+    with tempfile.TemporaryDirectory() as tmp:
+        wb = Workbench(Path(tmp) / "data", db_url)
+        cases = {
+            "first page (50, by id)": dict(),
+            "page 1,000 (by id)": dict(page=1000),
+            "most retrieved first": dict(sort="retrieved_count", descending=True),
+            "env filter, page 100": dict(env="webshop", page=100),
+            "text filter": dict(text="lesson 9999"),
+        }
+        out = {}
+        for label, kw in cases.items():
+            times = []
+            for _ in range(repeats):
+                ms, _ = timed(lambda: wb.library_page(**kw))
+                times.append(ms)
+            out[label] = median(times)
+        wb.close()
+    return out
+
+
 def timed(fn, *args):  # noqa: ANN001, ANN002
     t = time.perf_counter()
     out = fn(*args)
@@ -75,6 +122,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--points", type=int, default=100_000, help="steps (points per series)")
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--entries", type=int, default=100_000, help="library size for the paging measurement")
     args = ap.parse_args()
 
     cache = RESULTS / "cache" / f"bench_ui_{args.points}.db"
@@ -146,7 +194,12 @@ def main() -> None:
         wb.close()
 
     load = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else []
-    result = {"load_avg": load, "name": "bench_ui", "points_per_series": args.points, "repeats": args.repeats, "store_build_s": t_build,
+    lib_cache = RESULTS / "cache" / f"bench_ui_library_{args.entries}.db"
+    if not lib_cache.exists():
+        print(f"building a library of {args.entries:,} entries at {lib_cache} …", flush=True)
+        build_library(lib_cache, args.entries)
+    paging = library_paging(f"sqlite:///{lib_cache}", 5)
+    result = {"load_avg": load, "name": "bench_ui", "library_entries": args.entries, "library_page_ms": paging, "points_per_series": args.points, "repeats": args.repeats, "store_build_s": t_build,
               "results": rows, "environment": environment()}
     lines = [f"Live-curve refresh (`Workbench.refresh_curves`, one 1 s tick) with {args.points:,} points per series, "
              "SQLite store, server-side min/max downsampling.", "",
@@ -166,6 +219,8 @@ def main() -> None:
               "incremental = one new step written to the store, read past the cursors, changed panels redrawn; "
               "idle = nothing new, nothing sent; resmooth = smoothing slider moved, every series re-smoothed and redrawn. "
               "Measured back to back with PULL_INTERVAL_S = 0 (in the app, sessions within 0.5 s share one read).",
+              "", f"Library tab (`Workbench.library_page`, server-side paging) with {args.entries:,} entries, median ms:", "",
+              "| query | ms |", "|---|---|", *[f"| {k} | {v:.1f} |" for k, v in paging.items()], "",
               f"Load average during the run: {result['load_avg']}."]
     write_results("bench_ui", result, "\n".join(lines))
 

@@ -135,10 +135,7 @@ def tab(page: Page, name: str) -> None:
 
 
 def fill(page: Page, elem_id: str, value: str, kind: str = "input") -> None:
-    loc = page.locator(f"#{elem_id} {kind}").first
-    loc.fill(value)
-    if kind == "input":
-        loc.press("Enter") if elem_id in () else None
+    page.locator(f"#{elem_id} {kind}").first.fill(value)
 
 
 def open_accordion(page: Page, label: str) -> None:

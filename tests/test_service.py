@@ -493,3 +493,11 @@ def test_comprl_app_refuses_a_public_address_without_credentials(tmp_path):
                        cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert "refusing to serve on 0.0.0.0 without credentials" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_demo_run_is_not_started_twice_and_names_a_missing_config(wb):
+    assert "does not exist" in wb.start_demo_run("no_such_config.yaml")
+    assert wb.store.list_runs() == []
+    wb.store.create_run("already", status="running")
+    assert "already running" in wb.start_demo_run()
+    assert len(wb.store.list_runs()) == 1
