@@ -893,7 +893,7 @@ class ExperienceStore:
                                 r.created_at) for r in rows if r.status == Status.ACTIVE.value]
 
     # -- read-only queries for the workbench ------------------------------------------------------
-    # Added for app/ (the live curves' edit markers, the library table's filters); nothing above
+    # Added for app/ (the live curves' series and edit markers, the library table's filters); nothing above
     # depends on them.
 
     def human_edits_since(self, after_id: int = 0, actors: Sequence[str] = ("human", "cli"),
