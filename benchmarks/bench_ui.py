@@ -15,7 +15,7 @@ Library tab's server-side paging (`Workbench.library_page`) over a 100k-entry li
 The store is built once and cached under benchmarks/results/cache/ (ignored by git): writing
 2.9M rows one step at a time, as a trainer does, takes a few minutes.
 
-    python benchmarks/bench_ui.py [--points 100000] [--repeats 20] [--entries 100000]
+    python benchmarks/bench_ui.py [--points 100000] [--repeats 20] [--entries 100000] [--quick]
 """
 from __future__ import annotations
 
@@ -123,7 +123,10 @@ def main() -> None:
     ap.add_argument("--points", type=int, default=100_000, help="steps (points per series)")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--entries", type=int, default=100_000, help="library size for the paging measurement")
+    ap.add_argument("--quick", action="store_true", help="10k points and entries, 5 repeats (a smoke run for `make bench`)")
     args = ap.parse_args()
+    if args.quick:
+        args.points, args.entries, args.repeats = 10_000, 10_000, 5
 
     cache = RESULTS / "cache" / f"bench_ui_{args.points}.db"
     cache.parent.mkdir(parents=True, exist_ok=True)
