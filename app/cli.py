@@ -165,16 +165,22 @@ def cmd_train(args: argparse.Namespace) -> int:
         overrides.setdefault("run", {})["max_steps"] = args.max_steps
     if args.name:
         overrides.setdefault("run", {})["name"] = args.name
-    if args.resume is not None and args.config is None:
+    if args.resume is not None and args.fork is not None:
+        raise UserError("give either --resume (continue a run) or --fork (a new run from its checkpoint), not both")
+    parent = args.resume if args.resume is not None else args.fork
+    if parent is not None and args.config is None:
         store = open_store(args)
-        cfg = load_run_config(store.get_run(args.resume)["config"], overrides=overrides)
+        cfg = load_run_config(store.get_run(parent)["config"], overrides=overrides)
     else:
         if args.config is None:
-            raise UserError("give a config file (e.g. configs/minihack_room_cpu.yaml) or --resume RUN_ID")
+            raise UserError("give a config file (e.g. configs/minihack_room_cpu.yaml), --resume RUN_ID or --fork RUN_ID")
         cfg = load_run_config(args.config, overrides=overrides)
     Path(args.data_dir).mkdir(parents=True, exist_ok=True)
-    ctx = RunContext.open(cfg, data_dir=args.data_dir, db_url=args.db or default_db_url(args.data_dir), run_id=args.run_id,
-                          resume=args.resume)
+    try:
+        ctx = RunContext.open(cfg, data_dir=args.data_dir, db_url=args.db or default_db_url(args.data_dir), run_id=args.run_id,
+                              resume=args.resume, fork=args.fork)
+    except ValueError as e:
+        raise UserError(str(e)) from None
     train(ctx)
     return 0
 
@@ -297,6 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--max-steps", type=int, help="override run.max_steps")
     tr.add_argument("--name", help="override run.name")
     tr.add_argument("--resume", type=int, metavar="RUN_ID", help="continue a run from its latest checkpoint")
+    tr.add_argument("--fork", type=int, metavar="RUN_ID", help="start a new run from another run's latest checkpoint")
     tr.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
                     help="override one config field (YAML value), e.g. --set run.seed=3 --set run.variant=grpo")
     tr.add_argument("--run-id", type=int, help=argparse.SUPPRESS)  # the workbench creates the row, then starts us

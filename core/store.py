@@ -169,8 +169,9 @@ class MetricRow(Base):
     key: Mapped[str] = mapped_column(String(128))
     value: Mapped[float] = mapped_column(Float)
     time: Mapped[float] = mapped_column(Float, default=time.time)
-    # Live plots ask "points of (run, key) newer than cursor id": this index answers it directly.
-    __table_args__ = (Index("ix_metrics_run_key_id", "run_id", "key", "id"),)
+    # Live plots ask "points of (run, key) newer than cursor id": this covering index answers it
+    # without touching the table rows.
+    __table_args__ = (Index("ix_metrics_run_key_id", "run_id", "key", "id", "step", "value", "time"),)
 
 
 class RunCommandRow(Base):

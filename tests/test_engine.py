@@ -65,6 +65,14 @@ def test_two_step_run_end_to_end(tmp_path, models):
     latest = ck / (ck / "latest").read_text().strip()
     assert (latest / "policy" / "config.json").exists() and (latest / "extractor" / "config.json").exists()
     assert (latest / "state.pt").exists()
+    # a fork is a new run that starts from the parent's checkpoint
+    f = comprl("train", "--fork", str(run["id"]), "--max-steps", "3", data=tmp_path / "data")
+    out, _ = f.communicate(timeout=600)
+    assert f.returncode == 0, out
+    assert "forked from step 2" in out
+    child = store.list_runs()[0]
+    assert child["id"] != run["id"] and child["parent_run_id"] == run["id"] and child["step"] == 3
+    assert store.get_run(run["id"])["step"] == 2  # the parent is untouched
 
 
 def test_bad_config_stops_before_any_work(tmp_path, models):
@@ -103,7 +111,7 @@ def test_sigkill_then_resume_loses_nothing(tmp_path, models):
     r = comprl("train", "--resume", str(run_id), data=data)
     out, _ = r.communicate(timeout=600)
     assert r.returncode == 0, out
-    assert "resumed run" in out
+    assert "resumed from" in out
     run = store.get_run(run_id)
     assert run["status"] == "finished" and run["step"] == 5
     steps = sorted({s for _, _, s, _, _ in store.metrics_since(run_id, ["policy/success_without_exp"])})

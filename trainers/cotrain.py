@@ -125,7 +125,8 @@ def train(ctx: RunContext) -> None:
         rng.setstate(state["task_rng"])
         if experience is not None and "experience" in state:
             experience.load_state_dict(state["experience"])
-        print(f"resumed run {ctx.run_id} from step {ctx.start_step} ({ckpt})", flush=True)
+        how = "forked from" if ctx.fork_from is not None and ckpt == ctx.fork_from else "resumed from"
+        print(f"run {ctx.run_id} {how} step {ctx.start_step} ({ckpt})", flush=True)
 
     def checkpoint(step: int) -> None:
         models = {"policy": learner}

@@ -49,30 +49,40 @@ class RunContext:
     data_dir: Path
     run_dir: Path
     start_step: int = 0
+    fork_from: Path | None = None  # a parent run's checkpoint this run starts from (fork)
     stop_flag: threading.Event = field(default_factory=threading.Event)
     _last_print: float = 0.0
 
     @classmethod
     def open(cls, cfg: RunConfig, *, data_dir: str | os.PathLike[str], db_url: str, run_id: int | None = None,
-             resume: int | None = None) -> "RunContext":
-        """Create the run's row (or adopt `run_id`, made by the workbench; or reopen `resume`)."""
+             resume: int | None = None, fork: int | None = None) -> "RunContext":
+        """Create the run's row (or adopt `run_id`, made by the workbench; or reopen `resume`; or start
+        a new run from `fork`'s latest checkpoint, recorded as its parent)."""
         store = ExperienceStore(db_url)
         data_dir = Path(data_dir).resolve()
         env_label = ",".join(cfg.env.names)
+        fork_from = None
+        if fork is not None:
+            parent = store.get_run(fork)
+            fork_from = latest_checkpoint(Path(parent["checkpoint_dir"])) if parent["checkpoint_dir"] else None
+            if fork_from is None:
+                store.close()
+                raise ValueError(f"run {fork} has no checkpoint to fork from yet")
         if resume is not None:
             store.get_run(resume)
             run_id = resume
         elif run_id is None:
             run_id = store.create_run(cfg.run.name, variant=cfg.run.variant, env=env_label, config=dump_run_config(cfg),
-                                      status="starting")
+                                      status="starting", parent_run_id=fork)
         else:
             store.get_run(run_id)
-            store.update_run(run_id, name=cfg.run.name, variant=cfg.run.variant, env=env_label, config=dump_run_config(cfg))
+            store.update_run(run_id, name=cfg.run.name, variant=cfg.run.variant, env=env_label, config=dump_run_config(cfg),
+                             **({"parent_run_id": fork} if fork is not None else {}))
         run_dir = data_dir / "runs" / str(run_id)
         run_dir.mkdir(parents=True, exist_ok=True)
         store.update_run(run_id, status="running", pid=os.getpid(), checkpoint_dir=str(run_dir / "checkpoints"), error="",
                          ended_at=None)
-        ctx = cls(cfg, store, run_id, data_dir, run_dir)
+        ctx = cls(cfg, store, run_id, data_dir, run_dir, fork_from=fork_from)
         ctx._install_signals()
         return ctx
 
@@ -154,7 +164,8 @@ class RunContext:
         return final
 
     def latest_checkpoint(self) -> Path | None:
-        return latest_checkpoint(self.ckpt_root)
+        """This run's newest checkpoint, or (a fork that has none of its own yet) the parent's."""
+        return latest_checkpoint(self.ckpt_root) or self.fork_from
 
     def load_state(self) -> dict[str, Any] | None:
         ck = self.latest_checkpoint()
