@@ -467,6 +467,29 @@ class Workbench:
         self.store.update_run(rid, log_path=str(launched.log_path))
         return _ok(f"resuming run {rid} from its latest checkpoint (process {launched.proc.pid})")
 
+    def fork_run(self, run_id: Any, max_steps: float | int | None = None) -> str:
+        """A new run that starts from another run's latest checkpoint (`comprl train --fork ID`)."""
+        try:
+            rid = self._run_id(run_id)
+        except (UserInputError, StoreError) as e:
+            return _err(str(e))
+        ok, why = trainer_available()
+        if not ok:
+            return _err(why)
+        parent = self.store.get_run(rid)
+        ck = Path(parent["checkpoint_dir"]) / "latest" if parent.get("checkpoint_dir") else None
+        if ck is None or not ck.exists():
+            return _err(f"run {rid} has no checkpoint yet; forks start from a checkpoint")
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        log_path = self.data_dir / "logs" / f"train-fork-{rid}-{stamp}.log"
+        new_id = self.store.create_run(f"{parent['name']} (fork of {rid})", variant=parent["variant"], env=parent["env"],
+                                       config=parent["config"], status="created", log_path=str(log_path), parent_run_id=rid)
+        args = ["train", "--fork", str(rid), "--run-id", str(new_id)]
+        if max_steps:
+            args += ["--max-steps", str(int(max_steps))]
+        launched = self._spawn("run", args, log_path.name, run_id=new_id)
+        return _ok(f"forked run {rid} into run {new_id} (process {launched.proc.pid}); log: {log_path}")
+
     def start_demo_run(self, config_name: str = "minihack_room_cpu.yaml") -> str:
         """`comprl app --demo`: start the CPU default run unless one is already running."""
         if any(r["status"] == "running" for r in self.store.list_runs()):

@@ -81,6 +81,7 @@ def build(wb: Workbench) -> gr.Blocks:
                     stop_btn = gr.Button("Stop", elem_id="run-stop", variant="stop", scale=1)
                     fork_steps = gr.Number(label="resume: max steps (0: the config's)", precision=0, scale=1)
                     fork_btn = gr.Button("Resume from checkpoint", elem_id="run-resume-ckpt", scale=1)
+                    fork_new_btn = gr.Button("Fork into a new run", elem_id="run-fork", scale=1)
                 run_msg = gr.Markdown(elem_id="run-msg")
                 run_log = gr.Textbox(label="log tail", lines=12, max_lines=12, elem_id="run-log", autoscroll=True,
                                      interactive=False)
@@ -308,6 +309,7 @@ def build(wb: Workbench) -> gr.Blocks:
         resume_btn.click(lambda rid: wb.run_command(rid, "resume"), inputs=run_id, outputs=run_msg)
         stop_btn.click(lambda rid: wb.run_command(rid, "stop"), inputs=run_id, outputs=run_msg)
         fork_btn.click(lambda rid, n: wb.resume_run(rid, n), inputs=[run_id, fork_steps], outputs=run_msg)
+        fork_new_btn.click(lambda rid, n: wb.fork_run(rid, n), inputs=[run_id, fork_steps], outputs=run_msg)
         cfg_choice.change(lambda name: wb.config_text(name), inputs=cfg_choice, outputs=cfg_editor)
         validate_btn.click(lambda text: wb.validate_config(text), inputs=cfg_editor, outputs=cfg_msg)
         launch_btn.click(lambda text, n: wb.launch_run(text, n), inputs=[cfg_editor, launch_steps], outputs=cfg_msg)

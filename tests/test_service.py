@@ -117,6 +117,14 @@ def test_shipped_configs_are_listed_and_read(wb):
         assert wb.config_text(n).strip()
     assert "no shipped config" in wb.config_text("../pyproject.toml")
     assert "no run with id" in wb.resume_run(424242)
+    assert "no run with id" in wb.fork_run(424242)
+
+
+@pytest.mark.skipif(not TRAINER, reason="trainer not available")
+def test_fork_needs_a_checkpoint(wb):
+    rid = wb.store.create_run("no checkpoint yet", status="running")
+    assert "has no checkpoint yet" in wb.fork_run(rid)
+    assert len(wb.store.list_runs()) == 1  # nothing launched, no row added
 
 
 # -- live curves ----------------------------------------------------------------------------------------
