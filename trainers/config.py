@@ -115,8 +115,9 @@ class LossSection:
 
 @dataclass
 class ExtractorSection:
-    model: ModelSection = field(default_factory=lambda: ModelSection(path="embedded:extractor", lr=1e-5, max_new_tokens=160,
+    model: ModelSection = field(default_factory=lambda: ModelSection(path="embedded:extractor", lr=1e-5, max_new_tokens=320,
                                                                       temperature=0.8))
+    trajectory_chars: int = 1500  # the trajectory's length in the extractor's prompt (the warm start trains on the same)
     buffer_size: int = 64  # CISPO update when this many entry samples are waiting
     eps_low: float = 0.1  # CISPO clip, lower
     eps_high: float = 0.1  # CISPO clip, upper

@@ -235,7 +235,8 @@ class ExperienceLoop:
             outcome = "success" if e.success else "failure"
             users.append(self.templates["EXTRACTOR_USER"].format(
                 task=e.traj.task, outcome=outcome, num_actions=e.traj.num_actions, previous=P.numbered([texts[i] for i in ids]),
-                trajectory=P.trajectory_text([(s.observation, s.action) for s in e.traj.steps]), budget=self.xc.op_budget))
+                trajectory=P.trajectory_text([(s.observation, s.action) for s in e.traj.steps], max_chars=self.xc.trajectory_chars),
+                budget=self.xc.op_budget))
         gens = self._generate(users, seed=hash((self.run_id, work[0][1], len(users))) & 0x7FFFFFFF)
         results = []
         for (e, step), ids, g in zip(work, prev_ids, gens):
