@@ -93,7 +93,7 @@ class WarmStartConfig:
     extractor_kv_heads: int = 2  # extractor key/value heads
     max_positions: int = 4096  # position embeddings of both models (the rollout's prompt + reply must fit)
     policy_steps: int = 500  # policy SFT optimiser steps
-    extractor_steps: int = 150  # extractor SFT optimiser steps
+    extractor_steps: int = 200  # extractor SFT optimiser steps
     batch_size: int = 8  # sequences per policy SFT step
     extractor_batch_size: int = 4  # sequences per extractor SFT step (its sequences are about twice as long)
     threads: int = 0  # torch CPU threads while building; 0 = the cores left free by the current load (>= 1)
@@ -777,6 +777,7 @@ def _evaluate_extractor(backend: Any, cfg: WarmStartConfig, demos: Sequence[Demo
         "answers": len(pick),
         "parse_rate": len(ok) / max(1, len(pick)),
         "ops_per_answer": sum(len(p) for p in ok) / max(1, len(ok)),
+        "parse_rate_with_ops": sum(1 for p in ok if p) / max(1, len(pick)),  # parsed and not the empty list
         "example": outs[0].text[:600] if outs else "",
     }
 
