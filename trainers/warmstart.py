@@ -72,7 +72,7 @@ _DELTAS = {
 class WarmStartConfig:
     """How the embedded default models are built. Defaults fit ~10 minutes on a 2-core CPU."""
 
-    envs: list[str] = field(default_factory=lambda: ["minihack/Room-5x5", "minihack/Room-Ultimate-5x5"])  # registered env names to learn
+    envs: list[str] = field(default_factory=lambda: ["minihack/Room-Random-5x5", "minihack/Room-Ultimate-5x5"])  # registered env names to learn
     demo_episodes: int = 160  # scripted-expert episodes per env
     share_no_entry: float = 0.40  # share of demonstrations without an experience entry
     share_correct_entry: float = 0.45  # share with a correct entry the expert follows (the rest: a wrong entry, ignored)
