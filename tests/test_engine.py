@@ -28,9 +28,11 @@ def models(tmp_path_factory) -> Path:
     return d
 
 
-def write_config(path: Path, models: Path, *, variant: str = "complementary", steps: int = 2, extra: str = "") -> Path:
+def write_config(path: Path, models: Path, *, variant: str = "complementary", steps: int = 2, extra: str = "",
+                 deterministic: bool = False) -> Path:
     path.write_text(f"""
-run: {{name: test-{variant}, variant: {variant}, max_steps: {steps}, eval_episodes: 2, checkpoint_every: 1, threads: 1}}
+run: {{name: test-{variant}, variant: {variant}, max_steps: {steps}, eval_episodes: 2, checkpoint_every: 1, threads: 1,
+      deterministic: {str(deterministic).lower()}}}
 env: {{names: {{minihack/Room-5x5: 1.0}}, max_turns: 3}}
 actor: {{path: {models / 'policy'}, max_new_tokens: 4}}
 rollout: {{tasks_per_step: 1, group_size: 4, with_experience: 2}}
@@ -46,8 +48,9 @@ def comprl(*args: str, data: Path, **kw) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
-def test_two_step_run_end_to_end(tmp_path, models):
-    cfg = write_config(tmp_path / "c.yaml", models)
+@pytest.mark.parametrize("deterministic", [False, True], ids=["overlapped", "deterministic"])
+def test_two_step_run_end_to_end(tmp_path, models, deterministic):
+    cfg = write_config(tmp_path / "c.yaml", models, deterministic=deterministic)
     p = comprl("train", str(cfg), data=tmp_path / "data")
     out, _ = p.communicate(timeout=600)
     assert p.returncode == 0, out
@@ -60,6 +63,8 @@ def test_two_step_run_end_to_end(tmp_path, models):
                 "library/size", "eval/success_without_exp", "eval/success_with_exp"):
         assert key in m, key
     assert store.metrics_since(run["id"], ["policy/success_without_exp"])[-1][2] == 2  # one point per step
+    staleness = [v for _, _, s, v, _ in store.metrics_since(run["id"], ["rollout/staleness"])]
+    assert staleness == ([0.0, 0.0] if deterministic else [0.0, 1.0])  # step 2 was collected while step 1 learned
     assert len(store.list_trajectories(run_id=run["id"])) > 0
     ck = Path(run["checkpoint_dir"])
     latest = ck / (ck / "latest").read_text().strip()

@@ -32,7 +32,8 @@ class RunSection:
     eval_episodes: int = 16  # held-out episodes per evaluation, per condition (with / without experience)
     eval_at_start: bool = False  # evaluate the starting policy before the first step (a fresh run only)
     store_episodes: bool = True  # keep every episode in the store (replay in the workbench; entry lineage points at them)
-    deterministic: bool = True  # wait for each step's distillation before the next step (reproducible); False lets it run behind
+    deterministic: bool = False  # True: collect then learn, distillation waited for (reproducible, for tests); False: the next
+    # step's rollouts overlap this step's learning (staleness one policy version) and distillation runs behind
     threads: int = 0  # torch CPU threads (0 = torch's default)
 
     def __post_init__(self) -> None:

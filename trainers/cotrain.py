@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from concurrent.futures import Future, ThreadPoolExecutor
 import random
 import time
 import traceback
@@ -49,6 +50,9 @@ def load_actor(cfg: RunConfig, data_dir: Path, checkpoint: Path | None):
 
         if cfg.actor.backend == "vllm" or (vllm_available() and torch.cuda.is_available()):
             rollout = load_backend("vllm", path)
+    if rollout is learner and not cfg.run.deterministic:
+        # Rollouts overlap learning: they need their own copy of the policy, synced after each update.
+        rollout = HFBackend(path, device=cfg.actor.device, num_threads=threads)
     return learner, rollout
 
 
@@ -136,6 +140,14 @@ def train(ctx: RunContext) -> None:
             st["experience"] = experience.state_dict()
         ctx.save_checkpoint(step, models=models, state=st)
 
+    def collect(at: int) -> list[Episode]:
+        # during warm-up: no retrieval, the library is only seeded
+        return _collect(roller, router, make_specs(cfg, mixture, rng, at), at, retrieval=at > cfg.run.warmup_steps)
+
+    # Asynchronous mode: the next step's rollouts run (on the rollout copy of the policy, one update
+    # behind: staleness 1) while this step learns. Deterministic mode collects, then learns.
+    prefetch = ThreadPoolExecutor(1, thread_name_prefix="rollout") if not cfg.run.deterministic else None
+    pending: Future | None = None
     step = ctx.start_step
     status, error = "finished", ""
     try:
@@ -148,21 +160,27 @@ def train(ctx: RunContext) -> None:
             step += 1
             t_step = time.perf_counter()
             warm = step <= cfg.run.warmup_steps
-            # -- collect (during warm-up: no retrieval, the library is only seeded)
-            specs = make_specs(cfg, mixture, rng, step)
-            episodes = _collect(roller, router, specs, step, retrieval=not warm)
+            # -- collect
+            episodes = pending.result() if pending is not None else collect(step)
+            pending = None
+            rollout_stats = {**roller.stats, "rollout/staleness": 0.0 if prefetch is None or step == ctx.start_step + 1 else 1.0}
+            eval_due = bool(cfg.run.eval_every and step % cfg.run.eval_every == 0)
+            if prefetch is not None and step < cfg.run.max_steps and not eval_due:
+                if rollout_backend is not learner:
+                    rollout_backend.sync_weights(learner.state_dict_for_sync())  # the policy after update step-1
+                pending = prefetch.submit(collect, step + 1)
             if cfg.run.store_episodes:
                 ids = ctx.store.add_trajectories([trajectory_record(e, run_id=ctx.run_id, step=step) for e in episodes])
                 for e, i in zip(episodes, ids):
                     e.store_id = i
-            metrics = {**episode_metrics(episodes), **roller.stats}
+            metrics = {**episode_metrics(episodes), **rollout_stats}
             if manager is not None:
                 metrics.update(manager.latency_percentiles())
             # -- advantages + actor step
             if cfg.trains_actor and not warm:
                 with learner.lock:
                     metrics.update(actor_update(learner, optimizer, episodes, cfg.loss, cfg.actor))
-                if rollout_backend is not learner:
+                if rollout_backend is not learner and pending is None:
                     rollout_backend.sync_weights(learner.state_dict_for_sync())
             # -- distil, extractor step, merge
             if experience is not None:
@@ -176,7 +194,7 @@ def train(ctx: RunContext) -> None:
             ctx.log(step, metrics)
             if step % cfg.run.checkpoint_every == 0:
                 checkpoint(step)
-            if cfg.run.eval_every and step % cfg.run.eval_every == 0:
+            if eval_due:
                 ctx.log(step, evaluate_run(cfg, roller, router, manager, step))
         if status == "finished" and cfg.run.eval_episodes:
             ctx.log(step, evaluate_run(cfg, roller, router, manager, step))
@@ -184,6 +202,11 @@ def train(ctx: RunContext) -> None:
         status, error = "failed", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
         raise
     finally:
+        if pending is not None:  # a prefetched step that will not be learned from: let it finish, drop it
+            with contextlib.suppress(Exception):
+                pending.result()
+        if prefetch is not None:
+            prefetch.shutdown(wait=True)
         with contextlib.suppress(Exception):
             if step > ctx.start_step or status != "failed":
                 checkpoint(step)
