@@ -337,6 +337,9 @@ class ExperienceManager:
             by_group.setdefault(g, []).append(i)
         now = time.time()
         chosen_ids: list[int] = []
+        # Picks earlier in this batch count for the later queries (Eq. 6 sees them as retrieved just now):
+        # without this, identical queries of one micro-batch (a task's K/2 rollouts) all get the same entry.
+        picked: dict[int, int] = {}
         with self.lock.read():
             for g, rows in by_group.items():
                 scores, ids = self._parallel_search(vecs[rows], n_cand, g)
@@ -346,8 +349,9 @@ class ExperienceManager:
                         self.stats["empty"] += 1
                         continue
                     metas = [self._meta[i] for _, i in valid]
-                    counts = [m.retrieved for m in metas]
-                    recent = [m.last_retrieved_at is not None and now - m.last_retrieved_at < self.cfg.recent_window_s for m in metas]
+                    counts = [m.retrieved + picked.get(i, 0) for (_, i), m in zip(valid, metas)]
+                    recent = [i in picked or (m.last_retrieved_at is not None and now - m.last_retrieved_at < self.cfg.recent_window_s)
+                              for (_, i), m in zip(valid, metas)]
                     s_list = [s for s, _ in valid]
                     if self.cfg.diversify:
                         order = diversify(s_list, counts, recent, k=len(valid), lam=self.cfg.diversity_lambda)
@@ -362,6 +366,8 @@ class ExperienceManager:
                         out[r].append(Hit(entry_id=i, text=m.text, score=s, rank_score=rank if self.cfg.diversify else s,
                                           task=m.task, env=m.env))
                         chosen_ids.append(i)
+                        if self.cfg.record_usage:
+                            picked[i] = picked.get(i, 0) + 1
         self.stats["queries"] += len(groups)
         self.stats["hits"] += len(chosen_ids)
         if not self.cfg.record_usage:

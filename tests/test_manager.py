@@ -100,6 +100,14 @@ def test_diversification_spreads_repeated_retrievals(store, embedder):
         assert sorted(got) == sorted(ids)
     finally:
         m.close()
+    # identical queries inside ONE micro-batch are spread too (a task's K/2 rollouts ask at once)
+    m3 = ExperienceManager(store, embedder, ManagerConfig(random_demote=False, batch_size=16, max_wait_ms=50),
+                           IndexConfig(use_gpu="never"))
+    try:
+        got = [h[0].entry_id for h in m3.search_sync(["reach the staircase down"] * 4, k=1)]
+        assert sorted(got) == sorted(ids) and m3.stats["batches"] == 1
+    finally:
+        m3.close()
     m2 = ExperienceManager(store, embedder, ManagerConfig(diversify=False), IndexConfig(use_gpu="never"))
     try:
         got = {m2.search_sync(["reach the staircase down"], k=1)[0][0].entry_id for _ in range(4)}
