@@ -44,6 +44,7 @@ from sqlalchemy import (
 from sqlalchemy import text as text_sql
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+from sqlalchemy.pool import StaticPool
 
 from core.types import Experience, Generation, Source, Status
 
@@ -329,10 +330,13 @@ class ExperienceStore:
     @staticmethod
     def _make_engine(url: str, echo: bool) -> Engine:
         if url.startswith("sqlite"):
-            path = url.split("///", 1)[-1]
-            if path and path != ":memory:":
+            path = url.split("///", 1)[1] if "///" in url else ""
+            memory = path in ("", ":memory:")
+            if not memory:
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
-            engine = create_engine(url, echo=echo, connect_args={"timeout": 60, "check_same_thread": False})
+            # An in-memory database lives in one connection: every session must share it.
+            extra = {"poolclass": StaticPool} if memory else {}
+            engine = create_engine(url, echo=echo, connect_args={"timeout": 60, "check_same_thread": False}, **extra)
 
             @event.listens_for(engine, "connect")
             def _on_connect(dbapi_conn, _record):  # noqa: ANN001

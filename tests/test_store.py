@@ -178,3 +178,11 @@ def test_two_processes_writing_at_once_lose_nothing(db_url, tmp_path):
         assert len(s.history(t)) == 16
     # Every write bumped the version exactly once: 3 adds + 120 adds + 45 edits.
     assert s.library_version() == 3 + 120 + 45
+
+
+def test_in_memory_store_is_one_database(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    s = ExperienceStore("sqlite://")
+    a = s.add_entry("kept in memory")
+    assert s.get(a).text == "kept in memory" and s.count() == 1
+    assert list(tmp_path.iterdir()) == []  # nothing written to disk

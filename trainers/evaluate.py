@@ -105,7 +105,7 @@ def evaluate_policy(roller: Roller, router, envs: Sequence[str], *, n: int, seed
 # -- comprl eval RUN_ID ---------------------------------------------------------------------------
 
 
-def _roller_for(cfg, store: ExperienceStore, data_dir: Path, policy_path: str, manager, n_slots: int):
+def _roller_for(cfg, policy_path: str, manager, n_slots: int):
     from envs.pool import EnvPool
     from trainers.cotrain import SlotRouter, _env_factory
     from trainers.models import HFBackend
@@ -134,7 +134,7 @@ def run_eval(run_id: int, *, data_dir: str, db_url: str, episodes: int = 0, chec
     if cfg.uses_experience:
         mcfg = dataclasses.replace(cfg.library.manager, record_usage=False)
         manager = ExperienceManager(store, Embedder(cfg.library.embedding), mcfg, cfg.library.index, seed=cfg.run.seed)
-    roller, router, pool = _roller_for(cfg, store, Path(data_dir), policy, manager, min(n, 32))
+    roller, router, pool = _roller_for(cfg, policy, manager, min(n, 32))
     try:
         res = evaluate_policy(roller, router, list(cfg.env.names), n=n, seed_offset=cfg.env.eval_seed_offset,
                               with_experience=(False, True) if manager is not None else (False,), step=run["step"])
@@ -242,7 +242,7 @@ def run_ab_test(ab_id: int, *, data_dir: str, db_url: str) -> dict[str, Any]:
                             arm_store.add_entries(entries, actor="ab-test")
                         manager = ExperienceManager(arm_store, embedder, mcfg, lib.index, seed=0)
                     if roller is None:
-                        roller, router, pool = _roller_for(cfg, store, Path(data_dir), policy, manager, min(len(seeds), 16))
+                        roller, router, pool = _roller_for(cfg, policy, manager, min(len(seeds), 16))
                     roller.manager = manager
                     specs = [EpisodeSpec(c["env"], s, manager is not None, -1 - j) for j, s in enumerate(seeds)]
                     eps = play(greedy(roller), router, specs, step=0)

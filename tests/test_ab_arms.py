@@ -1,0 +1,34 @@
+"""A/B arms: each library state an arm can play with, and config validation."""
+from __future__ import annotations
+
+from core.library_io import export_library
+from trainers.evaluate import arm_entries, validate_ab_config
+
+
+def test_every_arm_kind(store, tmp_path):
+    a = store.add_entry("alpha", env="e", task="t")
+    b = store.add_entry("beta", env="e", task="t")
+    v = store.library_version()
+    store.update_text(a, "alpha v2", expected_version=1)
+    store.archive([b])
+    c = store.add_entry("gamma", env="e", task="t")
+    assert arm_entries(store, {"kind": "none"}) is None
+    assert sorted(e.text for e in arm_entries(store, {"kind": "current"})) == ["alpha v2", "gamma"]
+    assert sorted(e.text for e in arm_entries(store, {"kind": "version", "version": v})) == ["alpha", "beta"]
+    assert [e.text for e in arm_entries(store, {"kind": "minus", "ids": [c]})] == ["alpha v2"]
+    assert sorted(e.text for e in arm_entries(store, {"kind": "plus", "ids": [b]})) == ["alpha v2", "beta", "gamma"]
+    f = tmp_path / "lib.jsonl"
+    export_library(store, f, status="active")
+    got = arm_entries(store, {"kind": "file", "path": str(f)})
+    assert sorted(e.text for e in got) == ["alpha v2", "gamma"] and all(e.env == "e" for e in got)
+
+
+def test_ab_config_errors(tmp_path):
+    ok = {"env": "minihack/Room-5x5", "seeds": [1, 2], "arms": {"A": {"kind": "current"}, "B": {"kind": "none"}}}
+    assert validate_ab_config(ok) == ""
+    assert "unknown env" in validate_ab_config({**ok, "env": "nope"})
+    assert "seeds" in validate_ab_config({**ok, "seeds": []})
+    assert "exactly A and B" in validate_ab_config({**ok, "arms": {"A": {"kind": "none"}}})
+    assert "does not exist" in validate_ab_config({**ok, "arms": {"A": {"kind": "file", "path": str(tmp_path / "x")},
+                                                                  "B": {"kind": "none"}}})
+    assert "list of entry ids" in validate_ab_config({**ok, "arms": {"A": {"kind": "minus"}, "B": {"kind": "none"}}})
