@@ -287,7 +287,7 @@ def tiny_model(tmp_path_factory):
 TINY_RUN = """run:
   name: browser-tiny
   variant: complementary
-  max_steps: 3
+  max_steps: 12
   checkpoint_every: 2
   eval_episodes: 0
 env:
