@@ -31,6 +31,7 @@ __all__ = [
     "signed_outcomes",
     "experience_free_baseline",
     "entry_rewards",
+    "critic_entry_rewards",
     "weights_for_entries",
 ]
 
@@ -201,6 +202,35 @@ def entry_rewards(
     for e, ids in enumerate(retrieved):
         for m in set(int(i) for i in ids):  # an entry shown twice in one episode counts once for it
             totals[m] = totals.get(m, 0.0) + float(o[e])
+            counts[m] = counts.get(m, 0) + 1
+    return {m: totals[m] / counts[m] for m in totals}
+
+
+def critic_entry_rewards(
+    judged: Sequence[dict[int, float]],
+    shown: Sequence[Sequence[int]],
+    outcomes: Tensor,
+    *,
+    baselines: Tensor | None = None,
+) -> dict[int, float]:
+    """Entry rewards with the actor as critic (METHOD.md): score + signed outcome, averaged per entry.
+
+    judged[e] — {entry id: critic score in {1, 0.5, 0}} of episode e; shown[e] — the entries episode e
+    then used. A rejected entry was not shown, so the outcome says nothing about it: its reward is its
+    score alone (0). `baselines` as in `entry_rewards`.
+    """
+    if not len(judged) == len(shown) == outcomes.numel():
+        raise ValueError(f"judged ({len(judged)}), shown ({len(shown)}) and outcomes ({outcomes.numel()}) must align")
+    o = signed_outcomes(outcomes.reshape(-1))
+    if baselines is not None:
+        o = o - baselines.reshape(-1).to(torch.float32)
+    totals: dict[int, float] = {}
+    counts: dict[int, int] = {}
+    for e, (scores, ids) in enumerate(zip(judged, shown)):
+        used = set(int(i) for i in ids)
+        for m, score in scores.items():
+            m = int(m)
+            totals[m] = totals.get(m, 0.0) + float(score) + (float(o[e]) if m in used else 0.0)
             counts[m] = counts.get(m, 0) + 1
     return {m: totals[m] / counts[m] for m in totals}
 

@@ -237,3 +237,13 @@ def test_entry_rewards_slow_reference(seed, relative):
         if vals:
             want[m] = sum(vals) / len(vals)
     assert got == pytest.approx(want, abs=1e-5)
+
+
+def test_critic_entry_rewards_hand_computed():
+    from core.advantages import critic_entry_rewards
+
+    # ep0 succeeded and showed 1 (accepted) and hid 2 (rejected); ep1 failed and showed 1 (refined)
+    r = critic_entry_rewards([{1: 1.0, 2: 0.0}, {1: 0.5}], [[1], [1]], torch.tensor([1.0, 0.0]))
+    assert r == {1: ((1.0 + 1.0) + (0.5 - 1.0)) / 2, 2: 0.0}
+    with pytest.raises(ValueError, match="align"):
+        critic_entry_rewards([{1: 1.0}], [[1], [2]], torch.tensor([1.0, 0.0]))

@@ -118,3 +118,10 @@ def test_search_and_ask_round_trip(loop, store):
     assert "how do I reach the stairs quickly?" in gen.prompt and MEM in gen.prompt
     assert loop.counters["tool_calls"] == 1 and loop.counters["tool_hits"] == 1
     assert loop.tool_fn("task", "anything", "no-such-env", step=3) == ("", [], None)
+
+
+def test_parse_critic_reply():
+    from trainers.prompts import parse_critic_reply
+
+    assert parse_critic_reply("accept") == 1.0 and parse_critic_reply(" Refine.") == 0.5
+    assert parse_critic_reply("reject\n") == 0.0 and parse_critic_reply("north") is None and parse_critic_reply("") is None

@@ -124,3 +124,46 @@ def test_episode_player_plays_turn_by_turn(tmp_path, tiny, store, db_url):
         assert all(set(t) >= {"observation", "action", "reward", "done", "success", "tool_query", "tool_answer"} for t in turns)
     finally:
         p.close()
+
+
+class CriticActor(ScriptedActor):
+    """Judges entries with `verdict` (the critic prompt is recognisable by its question), then moves."""
+
+    def __init__(self, backend, verdict):
+        super().__init__(backend, ["southeast"])
+        self.verdict, self.judged = verdict, 0
+
+    def generate(self, prompts, **kw):
+        texts = [self.b.tokenizer.decode(p) for p in prompts]
+        if all("Will this entry help you" in t for t in texts):
+            self.judged += len(prompts)
+            ids = self.b.encode(self.verdict)
+            return [_Out(ids, self.verdict, [-0.1] * len(ids)) for _ in prompts]
+        return super().generate(prompts, **kw)
+
+
+@pytest.mark.parametrize("verdict,score,shown", [("reject", 0.0, False), ("accept", 1.0, True), ("refine it", 0.5, True),
+                                                 ("no idea", 1.0, True)])
+def test_actor_as_critic_judges_entries_and_hides_rejected_ones(pool, tiny, store, embedder, verdict, score, shown):
+    from core.config import IndexConfig, ManagerConfig
+    from core.manager import ExperienceManager, OpContext
+    from core.types import Operation
+
+    mgr = ExperienceManager(store, embedder, ManagerConfig(random_demote=False), IndexConfig(use_gpu="never"))
+    try:
+        task = "Reach the staircase down (>) in a lit 5x5 room."
+        eid = mgr.apply_operations([Operation("add", text=f"## Title: t\n## Content: go southeast {verdict}")],
+                                   OpContext(env="minihack/Room-5x5", task=task))[0].new_id
+        actor = CriticActor(tiny, verdict)
+        r = Roller(actor, pool, mgr, rollout_cfg=RolloutSection(actor_critic=True), actor_cfg=ModelSection(), max_turns=1)
+        ep = r.collect([EpisodeSpec("minihack/Room-5x5", 1, True, 0)], step=0)[0]
+        assert actor.judged == 1 and ep.critic_scores == {eid: score}
+        assert (ep.traj.experience_ids == [eid]) is shown
+        assert ("go southeast" in tiny.tokenizer.decode(ep.turns[0].prompt_ids)) is shown
+        assert r.stats["critic/judged"] == 1 and r.stats["critic/unparsed"] == (1 if verdict == "no idea" else 0)
+    finally:
+        mgr.close()
+
+
+def test_critic_is_off_by_default(pool, tiny, store, embedder):
+    assert RolloutSection().actor_critic is False

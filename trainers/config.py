@@ -93,6 +93,7 @@ class RolloutSection:
     history_turns: int = 2  # past (observation, action) pairs in the prompt
     history_chars: int = 1200  # and at most this many characters of them
     search_and_ask: int = 0  # max search-and-ask calls per episode (paper: 2; 0 = tool off)
+    actor_critic: bool = False  # the actor judges each retrieved entry first: accept 1 / refine 0.5 / reject 0 (hidden); entry reward = score + outcome
 
     def __post_init__(self) -> None:
         if self.tasks_per_step < 1 or self.group_size < 1:

@@ -27,7 +27,7 @@ from typing import Any, Sequence
 
 import torch
 
-from core.advantages import entry_rewards, experience_free_baseline, extractor_advantages, weights_for_entries
+from core.advantages import critic_entry_rewards, entry_rewards, experience_free_baseline, extractor_advantages, weights_for_entries
 from core.losses import cispo_loss, cispo_stats
 from core.manager import ExperienceManager, OpContext
 from core.merge import sliding_window_merge
@@ -290,7 +290,10 @@ class ExperienceLoop:
         if self.xc.relative_reward:
             baselines = experience_free_baseline(outcomes, torch.tensor([e.spec.with_experience for e in episodes]),
                                                  torch.tensor([e.spec.group_id for e in episodes]))
-        rewards = entry_rewards(retrieved, outcomes, baselines=baselines)  # entry id -> mean signed outcome
+        if any(e.critic_scores for e in episodes):  # actor as critic: score + outcome
+            rewards = critic_entry_rewards([e.critic_scores for e in episodes], retrieved, outcomes, baselines=baselines)
+        else:
+            rewards = entry_rewards(retrieved, outcomes, baselines=baselines)  # entry id -> mean signed outcome
         used = [(i, e) for e in episodes for i in sorted(set(e.traj.experience_ids))]
         if used:
             self.store.record_outcomes([(i, e.success, e.reward) for i, e in used], run_id=self.run_id, step=step,

@@ -33,6 +33,11 @@ EXPERIENCE_BLOCK = "Experience from earlier episodes (it may be wrong; check it 
 ACTOR_USER = "Task: {task}\n{experience_block}{history}Observation:\n{observation}\nYour action:"
 HISTORY_ITEM = "Earlier observation:\n{observation}\nYour action then: {action}\n"
 TOOL_RESULT = "Answer from the experience library:\n{answer}"
+# Actor as critic (METHOD.md, optional): the actor judges a retrieved entry before the episode uses it.
+ACTOR_CRITIC = (
+    "Task: {task}\nAn entry from the experience library:\n{entry}\n"
+    "Will this entry help you with this task? Reply with one word: accept, refine or reject."
+)
 
 EXTRACTOR_SYSTEM = (
     "You maintain a library of short lessons (experience entries) that help an agent solve tasks. "
@@ -59,7 +64,7 @@ REWRITE_USER = (
     "Answer as <think>...</think><answer>your answer</answer>."
 )
 
-TEMPLATE_NAMES = ("ACTOR_SYSTEM", "ACTOR_SYSTEM_NO_TOOL", "EXPERIENCE_BLOCK", "ACTOR_USER", "HISTORY_ITEM", "TOOL_RESULT",
+TEMPLATE_NAMES = ("ACTOR_SYSTEM", "ACTOR_SYSTEM_NO_TOOL", "EXPERIENCE_BLOCK", "ACTOR_USER", "HISTORY_ITEM", "TOOL_RESULT", "ACTOR_CRITIC",
                   "EXTRACTOR_SYSTEM", "EXTRACTOR_USER", "MERGE_USER", "REWRITE_USER")
 
 SEARCH_AND_ASK = re.compile(r"<search_and_ask>(.*?)(?:</search_and_ask>|$)", re.S)
@@ -133,6 +138,21 @@ def parse_actor_reply(text: str) -> tuple[str, str]:
         if line.strip():
             return "action", line.strip()
     return "action", ""
+
+
+CRITIC_SCORES = {"accept": 1.0, "refine": 0.5, "reject": 0.0}
+
+
+def critic_messages(*, task: str, entry: str, templates: Templates = DEFAULT_TEMPLATES) -> list[dict[str, str]]:
+    """The conversation in which the actor judges one retrieved entry (actor as critic)."""
+    return [{"role": "system", "content": "You judge advice before you use it."},
+            {"role": "user", "content": templates["ACTOR_CRITIC"].format(task=task, entry=entry.strip())}]
+
+
+def parse_critic_reply(text: str) -> float | None:
+    """accept -> 1, refine -> 0.5, reject -> 0 (METHOD.md); the first of those words in the reply, or None."""
+    m = re.search(r"\b(accept|refine|reject)", text.lower())
+    return CRITIC_SCORES[m.group(1)] if m else None
 
 
 def trajectory_text(steps: Sequence[tuple[str, str]], *, max_chars: int = 3000) -> str:

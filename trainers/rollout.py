@@ -56,6 +56,7 @@ class Episode:
     invalid_actions: int = 0
     error: str = ""
     store_id: int | None = None  # the stored episode's id, once the run has saved it
+    critic_scores: dict[int, float] = field(default_factory=dict)  # entry id -> the actor's judgement (actor as critic)
 
     @property
     def reward(self) -> float:
@@ -100,6 +101,7 @@ class Roller:
         self.templates = templates
         self.seed = seed
         self.stats: dict[str, float] = {}
+        self.critic_stats: dict[str, float] = {}
 
     def prompt_ids(self, live: _Live) -> list[int]:
         msgs = P.actor_messages(
@@ -131,6 +133,8 @@ class Roller:
             for lv, hs in zip(want, hits):
                 lv.ep.traj.experience_ids = [h.entry_id for h in hs]
                 lv.ep.traj.experience_text = "\n\n".join(h.text for h in hs)
+            if getattr(self.rc, "actor_critic", False):
+                self._critique(want, dict(zip((id(lv) for lv in want), hits)), step)
         tokens = 0
         turn = 0
         while True:
@@ -162,8 +166,38 @@ class Roller:
         dt = time.perf_counter() - t0
         self.stats = {"rollout/seconds": dt, "rollout/episodes_per_s": len(specs) / max(dt, 1e-9),
                       "rollout/tokens_per_s": tokens / max(dt, 1e-9), "rollout/retrieval_s": t_ret,
-                      "rollout/env_restarts": float(self.pool.restarts())}
+                      "rollout/env_restarts": float(self.pool.restarts()), **self.critic_stats}
+        self.critic_stats = {}
         return [lv.ep for lv in lives]
+
+    def _critique(self, lives: Sequence[_Live], hits: dict[int, Any], step: int) -> None:
+        """Actor as critic (METHOD.md, optional): one batched call judges every retrieved entry;
+        rejected entries are not shown. An unparsable judgement counts as accept (the entry is
+        used, as without the critic) and is counted in `critic/unparsed`."""
+        pairs = [(lv, h) for lv in lives for h in hits[id(lv)]]
+        if not pairs:
+            return
+        t0 = time.perf_counter()
+        prompts = [list(self.actor.apply_chat_template(P.critic_messages(task=lv.ep.traj.task, entry=h.text, templates=self.templates),
+                                                       add_generation_prompt=True, tokenize=True)) for lv, h in pairs]
+        outs = self.actor.generate(prompts, max_new_tokens=4, temperature=self.ac.temperature, top_p=self.ac.top_p,
+                                   stop=["\n"], seed=derive_seed(self.seed, step, "critic"))
+        unparsed = 0
+        for (lv, h), o in zip(pairs, outs):
+            score = P.parse_critic_reply(o.text)
+            if score is None:
+                unparsed += 1
+                score = 1.0
+            lv.ep.critic_scores[h.entry_id] = score
+        for lv in lives:
+            shown = [h for h in hits[id(lv)] if lv.ep.critic_scores.get(h.entry_id, 1.0) > 0.0]
+            lv.ep.traj.experience_ids = [h.entry_id for h in shown]
+            lv.ep.traj.experience_text = "\n\n".join(h.text for h in shown)
+        scores = [lv.ep.critic_scores[h.entry_id] for lv, h in pairs]
+        self.critic_stats = {"critic/judged": float(len(pairs)), "critic/unparsed": float(unparsed),
+                             "critic/accept_rate": sum(s == 1.0 for s in scores) / len(scores),
+                             "critic/reject_rate": sum(s == 0.0 for s in scores) / len(scores),
+                             "critic/latency_ms": (time.perf_counter() - t0) * 1000}
 
     def _start(self, slot: int, spec: EpisodeSpec, r: SlotResult) -> _Live:
         traj = Trajectory(env=spec.env, task=r.task or "", seed=spec.seed, with_experience=spec.with_experience,
