@@ -125,3 +125,104 @@ def test_parse_critic_reply():
 
     assert parse_critic_reply("accept") == 1.0 and parse_critic_reply(" Refine.") == 0.5
     assert parse_critic_reply("reject\n") == 0.0 and parse_critic_reply("north") is None and parse_critic_reply("") is None
+
+
+class TeacherForced:
+    """The loop's real tiny extractor made to answer `answer_fn(prompt text)`: the text is forced, but
+    its token ids and log-probs are the real model's (what CISPO would train on)."""
+
+    def __init__(self, real, answer_fn):
+        self.real, self.answer_fn, self.prompts = real, answer_fn, []
+
+    def apply_chat_template(self, *a, **k):
+        return self.real.apply_chat_template(*a, **k)
+
+    def sync_weights(self, weights):  # the learner is `real` itself: nothing to copy
+        self.synced = getattr(self, "synced", 0) + 1
+
+    def generate(self, prompts, **kw):
+        from trainers.models import GenerationOutput
+
+        outs = []
+        for p in prompts:
+            text = self.answer_fn(self.real.tokenizer.decode(p))
+            self.prompts.append(text)
+            ids = self.real.encode(text)
+            lp = self.real.logprobs([list(p) + ids])[0, len(p):].tolist()
+            outs.append(GenerationOutput(list(p), ids, text, lp, lp, "eos"))
+        return outs
+
+
+def test_merge_driver_with_the_extractor_on_a_small_library(loop, store):
+    task = "Reach the staircase down"
+    dup = format_entry_text("Stairs", "d", "Walk diagonally toward the staircase.")
+    ids = [_entry_with_generation(loop, t, task)[0] for t in
+           (dup, format_entry_text("Keys", "d", "Take the key first."), dup, format_entry_text("Wrong", "d", "Stairs are always north."))]
+    before = store.count()
+
+    # 1. the real (random-weight) extractor: its answers do not parse, so every chunk keeps its entries
+    rep = loop.merge(step=5)
+    assert rep["library/merge_unparsed"] >= 1 and rep["library/merges"] == 0 and store.count() == before
+
+    # 2. an extractor that answers like the warm-started one: merge the two duplicates, discard the wrong entry
+    def answer(prompt):
+        import re
+
+        lines = re.split(r"^\[\d+\] ", prompt.split("numbered:", 1)[1], flags=re.M)[1:]  # one item per entry
+        same = [i for i, ln in enumerate(lines) if "Walk diagonally" in ln]
+        wrong = [i for i, ln in enumerate(lines) if "always north" in ln]
+        ops = [{"function": "merge", "idx_list": same, "merged_memory": dup}] if len(same) > 1 else []
+        ops += [{"function": "discard", "idx_list": wrong}] if wrong else []
+        return ans(ops)
+
+    loop.infer = TeacherForced(loop.backend, answer)
+    rep = loop.merge(step=10)
+    assert rep["library/merges"] == 1 and rep["library/merge_discards"] == 1 and rep["library/merge_unparsed"] == 0
+    assert store.count() == before - 2  # two duplicates became one, the wrong entry is archived
+    merged = [e for e in store.list_entries(limit=100).entries if e.parent_ids]
+    assert len(merged) == 1 and sorted(merged[0].parent_ids) == sorted([ids[0], ids[2]])  # lineage
+    g = merged[0].generation
+    assert g is not None and g.response_ids and "merge" in g.response  # the merge generation is kept for credit
+    assert loop.counters["merges"] == 1
+
+
+def test_eq7_weights_differ_from_one_on_a_real_buffer(loop, store):
+    """Real episodes -> distillation -> retrieval -> credit -> buffer -> CISPO update, twice: after the
+    first update the buffer's Eq. 7 weights are looked up by entry id and are no longer all 1
+    (the authors' release keys them wrongly and they are silently 1)."""
+    from envs.pool import EnvPool
+    from trainers.config import ModelSection, RolloutSection
+    from trainers.rollout import EpisodeSpec, Roller
+
+    n = {"i": 0}
+
+    def add_answer(prompt):  # the first step's episodes each add an entry; later ones learn nothing new
+        n["i"] += 1
+        if n["i"] > 4:
+            return ans([])
+        return ans([{"function": "add", "new_memory": format_entry_text(f"Lesson {n['i'] % 3}", "Room-5x5",
+                                                                       f"Step southeast; lesson {n['i'] % 3}.")}])
+
+    loop.infer = TeacherForced(loop.backend, add_answer)
+    pool = EnvPool(["minihack/Room-5x5"] * 4, num_workers=2)
+    try:
+        roller = Roller(loop.backend, pool, loop.manager, rollout_cfg=RolloutSection(), actor_cfg=ModelSection(max_new_tokens=3),
+                        max_turns=2, seed=0)
+        weights_seen, updates = [], []
+        for step in range(1, 7):
+            eps = roller.collect([EpisodeSpec("minihack/Room-5x5", 100 * step + i, i < 2, 0) for i in range(4)], step=step)
+            for e in eps:
+                e.traj.success = e.spec.seed % 2 == 0  # both outcomes, so rewards are not all equal
+            loop.after_rollouts(eps, step)
+            loop.wait_idle()
+            if loop.buffer:
+                weights_seen.append(loop.eq7_weights(loop.buffer[: loop.xc.buffer_size]))
+            st = loop.maybe_update(step)
+            if st:
+                updates.append(st)
+        assert store.count() > 0 and len(updates) >= 2, (store.count(), len(updates))
+        w = torch.cat(weights_seen)
+        assert (w != 1.0).any(), "Eq. 7 weights stayed 1 on a real buffer"
+        assert any(u["extractor/weight_mean"] < 1.0 for u in updates[1:])
+    finally:
+        pool.close()
