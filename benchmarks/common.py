@@ -35,10 +35,11 @@ def environment() -> dict[str, Any]:
             "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "time": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
-def write_results(name: str, result: dict[str, Any], table_md: str) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2))
+def write_results(name: str, result: dict[str, Any], table_md: str, results_dir: Path | None = None) -> None:
+    out = Path(results_dir) if results_dir is not None else RESULTS
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(result, indent=2))
     env = result.get("environment", {})
     head = f"# {name}\n\ncommit {env.get('commit', '?')}, {env.get('cpus', '?')} CPUs, {env.get('time', '')}\n\n"
-    (RESULTS / f"{name}.md").write_text(head + table_md + "\n")
+    (out / f"{name}.md").write_text(head + table_md + "\n")
     print(table_md)

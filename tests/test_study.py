@@ -1,0 +1,80 @@
+"""The study's evidence pipeline: benchmarks/study.py --quick end to end, and benchmarks/report.py."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_quick_study_on_a_fresh_data_dir(tmp_path: Path):
+    """No models anywhere: the quick study builds tiny ones, runs grpo and complementary, writes curves."""
+    res = tmp_path / "results"
+    proc = subprocess.run([sys.executable, "benchmarks/study.py", "--quick", "--results-dir", str(res),
+                           "--data-dir", str(tmp_path / "nodata")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    d = json.loads((res / "study_quick.json").read_text())
+    assert [r["label"] for r in d["runs"]] == ["grpo", "complementary"]
+    assert d["environment"]["commit"] and d["argv"][:3] == ["python", "benchmarks/study.py", "--quick"]
+    for r in d["runs"]:
+        for when in ("start", "end"):
+            assert 0.0 <= r[when]["success_without_exp"] <= 1.0 and r[when]["actions_without_exp"] > 0
+        c = r["curves"]
+        assert [s for s, _ in c["policy/success_without_exp"]] == [1, 2]
+        assert [s for s, _ in c["eval/success_without_exp"]] == [0, 2]
+        assert r["eval_n"] == 4 and r["commit"] == d["environment"]["commit"]
+    comp = d["runs"][1]
+    assert "success_with_exp" in comp["end"] and "policy/success_with_exp" in comp["curves"]
+    assert "library/size" in comp["curves"]
+    assert (res / "study_quick_runs" / "_models" / "models" / "policy" / "config.json").is_file()
+    assert (res / "study_quick_runs" / "grpo-seed0" / "models").is_symlink()
+    md = (res / "study_quick.md").read_text()
+    assert "| grpo | 1 |" in md and "| complementary | 1 |" in md and "95% CI" in md
+    assert not (tmp_path / "nodata").exists()  # models come from the tiny build, nothing is written there
+
+
+def _curve(start: float, end: float) -> list[list[float]]:
+    return [[s, start + (end - start) * s / 3] for s in range(1, 4)]
+
+
+def test_report_writes_markdown_and_figures(tmp_path: Path):
+    res, out = tmp_path / "results", tmp_path / "docs"
+    res.mkdir()
+    runs = []
+    for v in ("grpo", "complementary"):
+        for seed in (0, 1):
+            curves = {"policy/success_without_exp": _curve(0.1, 0.3 + seed / 10), "eval/success_without_exp": [[0, 0.1], [3, 0.2]]}
+            if v != "grpo":
+                curves |= {"policy/success_with_exp": _curve(0.2, 0.5), "eval/success_with_exp": [[0, 0.2], [3, 0.4]]}
+            runs.append({"label": v, "variant": v, "seed": seed, "start": {}, "end": {}, "curves": curves})
+    study = {"benchmark": "study", "environment": {"commit": "abc1234", "cpus": 2}, "argv": ["python", "benchmarks/study.py",
+             "--steps", "3"], "args": {}, "runs": runs}
+    (res / "study.json").write_text(json.dumps(study))
+    (res / "study.md").write_text("# study\n\n| variant | seeds |\n|---|---:|\n| grpo | 2 |\n| complementary | 2 |\n")
+    (res / "bench_envs.json").write_text(json.dumps({"quick": True}))
+    (res / "bench_envs.md").write_text("# bench_envs\n\n| env | steps/s |\n|---|---:|\n| webshop | 6823 |\n")
+
+    from benchmarks.report import main
+
+    assert main(["--results-dir", str(res), "--out", str(out)]) == 0
+    md = (out / "results.md").read_text()
+    for v in ("grpo", "complementary"):
+        assert f"| {v} | 2 |" in md and f"img/results/study-{v}.png" in md
+        png = out / "img" / "results" / f"study-{v}.png"
+        assert png.is_file() and png.stat().st_size > 1000
+    assert "python benchmarks/study.py --steps 3" in md and "abc1234" in md
+    assert "| webshop | 6823 |" in md and "python benchmarks/bench_envs.py --quick" in md
+    assert "## Comparison with the paper" in md and "Missing" in md
+    main(["--results-dir", str(res), "--out", str(out)])
+    assert (out / "results.md").read_text() == md  # deterministic
+    (out / "results_discussion.md").write_text("Our numbers are far below the paper's.\n")
+    main(["--results-dir", str(res), "--out", str(out)])
+    again = (out / "results.md").read_text()
+    assert "Our numbers are far below the paper's." in again and "Missing" not in again
