@@ -17,9 +17,11 @@ if TYPE_CHECKING:
 Cell = tuple[int, int]
 
 # (d_row, d_col) -> word; orthogonal first so ties prefer moves that are legal next to doors.
+# Diagonals first: of several shortest first moves, BFS keeps the first it meets, so in open rooms
+# the expert steps along the heading the observation names (a step toward the staircase).
 _MOVES: list[tuple[str, int, int]] = [
-    ("north", -1, 0), ("east", 0, 1), ("south", 1, 0), ("west", 0, -1),
     ("northeast", -1, 1), ("southeast", 1, 1), ("southwest", 1, -1), ("northwest", -1, -1),
+    ("north", -1, 0), ("east", 0, 1), ("south", 1, 0), ("west", 0, -1),
 ]
 # Characters the expert never walks through: walls, closed doors, boulders, iron bars, trees.
 _SOLID = set("|-+`")

@@ -141,6 +141,11 @@ def _relative(dr: int, dc: int) -> str:
     return " and ".join(parts) if parts else "here"
 
 
+def _heading(dr: int, dc: int) -> str:
+    """The compass word of one step toward a map offset: 'northeast' for (-2, 1)."""
+    return ("south" if dr > 0 else "north" if dr < 0 else "") + ("east" if dc > 0 else "west" if dc < 0 else "")
+
+
 class MiniHackEnv:
     """One MiniHack task as a TextEnv. Build it with `make_minihack`."""
 
@@ -420,7 +425,8 @@ class MiniHackEnv:
         goals = np.argwhere(self._grid == ord(">"))
         if len(goals):
             r, c = (int(v) for v in goals[0])
-            text += f" The staircase down (>) is {_relative(r - ar, c - ac)} of you."
+            text += f" The staircase down (>) is {_relative(r - ar, c - ac)} of you"
+            text += f" (a step {_heading(r - ar, c - ac)} brings you closer)." if (r, c) != (ar, ac) else "."
         else:
             text += " You have not seen the staircase down (>) yet."
         sights = [f"{self._description_at(r, c) or 'a monster'} {_relative(r - ar, c - ac)}"
