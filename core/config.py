@@ -7,6 +7,7 @@ with an error that names the field, before any work starts.
 from __future__ import annotations
 
 import dataclasses
+import re
 import os
 import types
 import typing
@@ -138,6 +139,9 @@ def _type_ok(value: Any, tp: Any) -> bool:
     return True
 
 
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
 def from_dict(cls: type, data: dict[str, Any] | None, path: str = "", base: Any = None) -> Any:
     """Build dataclass `cls` from a (possibly partial) dict; unknown fields and bad types are errors.
 
@@ -167,6 +171,8 @@ def from_dict(cls: type, data: dict[str, Any] | None, path: str = "", base: Any 
                 f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
             kwargs[name] = from_dict(tp, value, dotted, sub_base)
             continue
+        if tp is float and isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
+            value = float(value)  # YAML 1.1 reads `3e-4` (no dot) as a string; a user means the number
         if not _type_ok(value, tp):
             raise ConfigError(f"{dotted} = {value!r} has the wrong type; expected {getattr(tp, '__name__', tp)}")
         if tp is float and isinstance(value, int):

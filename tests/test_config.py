@@ -36,3 +36,13 @@ def test_partial_sections_keep_their_defaults():
     cfg = load_run_config("extractor: {model: {lr: 3.0e-6}}\n")
     assert cfg.extractor.model.path == "embedded:extractor" and cfg.extractor.model.lr == 3e-6
     assert load_run_config("run: {variant: grpo}\n").rollout.with_experience == 0
+
+
+def test_exponent_without_a_dot_is_a_float():
+    """YAML 1.1 reads `3e-4` as a string; a learning rate written that way must still work."""
+    from trainers.config import load_run_config, parse_overrides
+
+    cfg = load_run_config({**parse_overrides(["actor.lr=3e-4", "extractor.model.lr=1E-5"])})
+    assert cfg.actor.lr == 3e-4 and cfg.extractor.model.lr == 1e-5
+    with pytest.raises(Exception, match="actor.lr"):
+        load_run_config(parse_overrides(["actor.lr=fast"]))
