@@ -110,3 +110,42 @@ def test_update_raises_likelihood_of_advantaged_actions(tiny):
         assert st["policy/skipped"] == 1.0 and st["policy/frac_nonzero_adv"] == 0.0
     finally:
         backend.model.load_state_dict(state)
+
+
+def test_episode_aggregation_weighs_every_episode_equally(tiny):
+    """loss.aggregation="episode": the full-batch objective equals, per subgroup, the mean over episodes
+    of each episode's own token mean (slow reference: one loss call per episode); a 6-turn failure no
+    longer outweighs a 1-turn success."""
+    from trainers.actor_step import weight_by_episode
+
+    eps = batch(tiny)
+    for k, e in enumerate(eps):  # episodes of 1..6 turns
+        e.turns = e.turns[:1] * (1 + k % 6)
+    adv = episode_advantages(eps, normalize_std=True, joint=False)
+    rows = weight_by_episode(build_rows(eps, adv))
+    tiny.model.zero_grad(set_to_none=True)
+    got = policy_gradient(tiny, rows, LossSection(), 4)["policy/loss"]
+    tiny.model.zero_grad(set_to_none=True)
+    per_group = {True: [], False: []}
+    with torch.no_grad():
+        for e, a in zip(eps, adv.tolist()):
+            if a == 0.0:
+                continue
+            one = build_rows([e], torch.tensor([a]))
+            ids, attn, mask, old = _tensors(one, tiny.pad_id)
+            logp, _ = row_logprobs(tiny, ids, attn)
+            loss, _ = clipped_surrogate_loss(logp, old, torch.tensor([a] * len(one)), mask, level="sequence")
+            per_group[e.spec.with_experience].append(float(loss))
+    want = sum(sum(v) / len(v) for v in per_group.values() if v) / sum(1 for v in per_group.values() if v)
+    assert got == pytest.approx(want, rel=1e-4, abs=1e-6)
+    # and the token mean is a different objective on the same batch
+    plain = policy_gradient(tiny, build_rows(eps, adv), LossSection(), 4)["policy/loss"]
+    tiny.model.zero_grad(set_to_none=True)
+    assert plain != pytest.approx(want, rel=1e-3)
+
+
+def test_aggregation_is_checked():
+    from core.config import ConfigError
+
+    with pytest.raises(ConfigError, match="loss.aggregation"):
+        LossSection(aggregation="turn")

@@ -9,6 +9,9 @@
 3. Clipped surrogate (core.losses), token mean within each subgroup over the WHOLE batch, then the
    mean over the two subgroups: micro-batches hold one subgroup each and are weighted by their share
    of that subgroup's tokens, so gradient accumulation gives exactly the full-batch objective.
+   With `loss.aggregation = "episode"` each episode weighs the same within its subgroup: a row's
+   advantage is scaled by (subgroup tokens / subgroup episodes) / (its episode's tokens), which is
+   exact because the clipped objective is positively homogeneous in A.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ class Row:
     old: list[float]  # (len(reply),) sampling-time log-probs
     adv: float
     with_exp: bool
+    episode: int = 0  # index of its episode in the batch
 
 
 def episode_advantages(episodes: Sequence[Episode], *, normalize_std: bool, joint: bool) -> torch.Tensor:
@@ -42,14 +46,29 @@ def episode_advantages(episodes: Sequence[Episode], *, normalize_std: bool, join
 
 def build_rows(episodes: Sequence[Episode], adv: torch.Tensor) -> list[Row]:
     rows = []
-    for e, a in zip(episodes, adv.tolist()):
+    for i, (e, a) in enumerate(zip(episodes, adv.tolist())):
         if a == 0.0:
             continue
         for t in e.turns:
             if not t.response_ids:
                 continue
-            rows.append(Row(t.prompt_ids + t.response_ids, len(t.prompt_ids), t.logprobs, a, e.spec.with_experience))
+            rows.append(Row(t.prompt_ids + t.response_ids, len(t.prompt_ids), t.logprobs, a, e.spec.with_experience, i))
     return rows
+
+
+def weight_by_episode(rows: list[Row]) -> list[Row]:
+    """Rescale advantages so that the subgroup's token mean weighs every episode equally."""
+    out = []
+    for flag in (True, False):
+        g = [r for r in rows if r.with_exp == flag]
+        if not g:
+            continue
+        ep_tok: dict[int, int] = {}
+        for r in g:
+            ep_tok[r.episode] = ep_tok.get(r.episode, 0) + len(r.ids) - r.start
+        per_episode = sum(ep_tok.values()) / len(ep_tok)
+        out += [Row(r.ids, r.start, r.old, r.adv * per_episode / ep_tok[r.episode], r.with_exp, r.episode) for r in g]
+    return out
 
 
 def _tensors(rows: Sequence[Row], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -109,6 +128,8 @@ def actor_update(backend, optimizer: torch.optim.Optimizer, episodes: Sequence[E
     """One optimiser step per epoch on a batch of episodes; returns policy/* metrics."""
     adv = episode_advantages(episodes, normalize_std=loss_cfg.normalize_std, joint=loss_cfg.joint_normalization)
     rows = build_rows(episodes, adv)
+    if getattr(loss_cfg, "aggregation", "token") == "episode":
+        rows = weight_by_episode(rows)
     stats: dict[str, float] = {"policy/frac_nonzero_adv": float((adv != 0).float().mean()) if len(adv) else 0.0,
                                "policy/rows": float(len(rows)), "policy/tokens": float(sum(len(r.ids) for r in rows)),
                                "policy/adv_abs_mean": float(adv.abs().mean()) if len(adv) else 0.0}

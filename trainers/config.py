@@ -109,10 +109,16 @@ class LossSection:
     normalize_std: bool = True  # divide advantages by the subgroup std (paper) or only subtract the mean (released)
     joint_normalization: bool = False  # ablation: normalise across both subgroups together (collapses, per the paper)
     epochs: int = 1  # passes over each batch
+    # token: the surrogate is a mean over every reply token of the subgroup (METHOD.md); a failed
+    # episode that runs to the turn limit then outweighs a quick success several times over.
+    # episode: each episode weighs the same in its subgroup (its own turns' token mean).
+    aggregation: str = "token"
 
     def __post_init__(self) -> None:
         if self.ratio_level not in ("sequence", "token"):
             raise ConfigError("loss.ratio_level must be 'sequence' or 'token'")
+        if self.aggregation not in ("token", "episode"):
+            raise ConfigError("loss.aggregation must be 'token' or 'episode'")
 
 
 @dataclass
