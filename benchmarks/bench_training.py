@@ -3,10 +3,14 @@ and the ExperienceManager's cost to rollouts.
 
     python benchmarks/bench_training.py [--quick] [--data-dir ./comprl_data]
 
-Rollouts with retrieval (K/2 of each group get the top entry of a real library through the
-ExperienceManager) and without it are interleaved, same model, same seeds, and timed side by side;
-the ratio is the paper's "rollout time with the ExperienceManager vs the baseline" (0.98–1.00× at
-their scale). Writes benchmarks/results/bench_training.json and .md.
+Three kinds of rollout are interleaved, same model, same seeds, and timed side by side:
+  manager  K/2 of each group get the top entry of a real library through the ExperienceManager;
+  fixed    the same episodes are handed the very entries the manager returned, with no retrieval
+           work at all (the control: identical prompts, so only the manager's cost differs);
+  none     no experience (shorter prompts).
+manager / fixed is the paper's "rollout time with the ExperienceManager vs the baseline" (0.98–1.00×
+at their scale; target <= 1.02); manager / none adds the cost of reading longer prompts.
+Writes benchmarks/results/bench_training.json and .md.
 """
 from __future__ import annotations
 
@@ -25,6 +29,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from benchmarks.common import environment, median, write_results  # noqa: E402
+
+
+class _Fixed:
+    """The control: hands over hits recorded from the manager for the same queries, doing no work."""
+
+    def __init__(self, hits):
+        self.hits = hits
+
+    def search_sync(self, queries, **kw):
+        if len(queries) != len(self.hits):
+            raise ValueError("the control replays one recorded batch; the query count changed")
+        return self.hits
 
 
 def main() -> None:
@@ -63,13 +79,21 @@ def main() -> None:
                                                                       f"Head towards the > diagonally; tip variant {i}."))
                               for i in range(200)], OpContext(env=args.env, task=task))
         roller = Roller(actor, pool, mgr, rollout_cfg=cfg.rollout, actor_cfg=cfg.actor, max_turns=cfg.env.max_turns, seed=0)
-        with_t, without_t, ret_s, eps_s, tok_s, learn = [], [], [], [], [], []
+        with_t, without_t, fixed_t, ret_s, eps_s, tok_s, learn = [], [], [], [], [], [], []
         opt = torch.optim.AdamW(actor.trainable_parameters(), lr=1e-9)  # ~no-op steps: speed only, the model stays put
         for r in range(rounds):
             specs = [EpisodeSpec(args.env, 1000 * r + t, i < k // 2, t) for t in range(tasks) for i in range(k)]
             base = [EpisodeSpec(s.env, s.seed, False, s.group_id) for s in specs]
-            for mode in ((0, 1) if r % 2 == 0 else (1, 0)):  # alternate the order: no systematic warm-cache bias
-                if mode == 0:
+            want = [s for s in specs if s.with_experience]
+            recorded = mgr.search_sync([task] * len(want), task=[s.env for s in want])  # untimed: what the control replays
+            orders = [(0, 1, 2), (2, 1, 0), (1, 0, 2), (2, 0, 1), (0, 2, 1), (1, 2, 0)]
+            for mode in orders[r % len(orders)]:  # rotate the order: no systematic warm-cache bias
+                if mode == 2:
+                    roller.manager = _Fixed(recorded)
+                    t0 = time.perf_counter()
+                    roller.collect(specs, step=r)
+                    fixed_t.append(time.perf_counter() - t0)
+                elif mode == 0:
                     roller.manager = mgr
                     t0 = time.perf_counter()
                     eps = roller.collect(specs, step=r)
@@ -92,10 +116,12 @@ def main() -> None:
     step_s = median(with_t) + learn_s
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     ratio = median(with_t) / median(without_t)
+    overhead = median(with_t) / median(fixed_t)
     res = {"benchmark": "training", "environment": environment(), "env": args.env, "episodes_per_step": k * tasks,
            "rollout_episodes_per_s": median(eps_s), "rollout_tokens_per_s": median(tok_s), "learner_tokens_per_s": learn_tok,
            "learner_s": learn_s, "step_s": step_s, "peak_rss_mb": peak_mb, "rollout_s_with_manager": median(with_t),
            "rollout_s_without": median(without_t), "ratio_with_to_without": ratio,
+           "rollout_s_fixed_entries": median(fixed_t), "ratio_manager_to_fixed": overhead,
            "retrieval_share_of_rollout": median(ret_s) / median(with_t), "rounds": rounds,
            "model": actor.describe()}
     table = "\n".join([
@@ -108,8 +134,10 @@ def main() -> None:
         f"| full step s (rollout + learner) | {step_s:.2f} |",
         f"| peak RSS MB | {peak_mb:.0f} |",
         f"| rollout s with ExperienceManager (K/2 retrieve) | {median(with_t):.2f} |",
+        f"| rollout s, same entries handed over without the manager | {median(fixed_t):.2f} |",
         f"| rollout s without experience | {median(without_t):.2f} |",
-        f"| **ratio with / without** | **{ratio:.3f}** |",
+        f"| **ratio manager / same entries without it** (target <= 1.02) | **{overhead:.3f}** |",
+        f"| ratio manager / no experience (adds longer prompts) | {ratio:.3f} |",
         f"| retrieval calls' share of the rollout | {100 * res['retrieval_share_of_rollout']:.2f}% |",
         "", f"Model: {actor.describe()}; medians of {rounds} interleaved rounds.",
     ])
