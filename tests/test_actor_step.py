@@ -149,3 +149,18 @@ def test_aggregation_is_checked():
 
     with pytest.raises(ConfigError, match="loss.aggregation"):
         LossSection(aggregation="turn")
+
+
+def test_outcome_reward_ignores_the_envs_step_penalties(tiny):
+    """All four episodes of a subgroup failed, with different step penalties: the env reward gives them
+    full-size advantages (noise), the outcome reward gives 0."""
+    eps = [make_episode(tiny, 0, False, r)[0] for r in (-0.01, -0.05, -0.02, -0.03)]
+    for e in eps:
+        e.traj.success = False
+    assert episode_advantages(eps, normalize_std=True, joint=False).abs().max() > 1.0  # penalty noise at full size
+    assert episode_advantages(eps, normalize_std=True, joint=False, reward="outcome").abs().max() == 0
+    eps[0].traj.success = True
+    a = episode_advantages(eps, normalize_std=False, joint=False, reward="outcome")
+    assert torch.allclose(a, torch.tensor([1.5, -0.5, -0.5, -0.5]))
+    with pytest.raises(Exception, match="loss.reward"):
+        LossSection(reward="score")

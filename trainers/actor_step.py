@@ -37,8 +37,11 @@ class Row:
     episode: int = 0  # index of its episode in the batch
 
 
-def episode_advantages(episodes: Sequence[Episode], *, normalize_std: bool, joint: bool) -> torch.Tensor:
-    rewards = torch.tensor([e.reward for e in episodes], dtype=torch.float32)  # (E,)
+def episode_advantages(episodes: Sequence[Episode], *, normalize_std: bool, joint: bool, reward: str = "env") -> torch.Tensor:
+    if reward == "outcome":
+        rewards = torch.tensor([1.0 if e.success else -1.0 for e in episodes], dtype=torch.float32)  # (E,)
+    else:
+        rewards = torch.tensor([e.reward for e in episodes], dtype=torch.float32)  # (E,)
     with_exp = torch.tensor([e.spec.with_experience for e in episodes], dtype=torch.bool)  # (E,)
     groups = torch.tensor([e.spec.group_id for e in episodes], dtype=torch.long)  # (E,)
     return batch_subgroup_advantages(rewards, with_exp, groups, normalize_std=normalize_std, joint=joint)
@@ -126,7 +129,8 @@ def policy_gradient(backend, rows: Sequence[Row], loss_cfg, micro_batch: int) ->
 
 def actor_update(backend, optimizer: torch.optim.Optimizer, episodes: Sequence[Episode], loss_cfg, model_cfg) -> dict[str, float]:
     """One optimiser step per epoch on a batch of episodes; returns policy/* metrics."""
-    adv = episode_advantages(episodes, normalize_std=loss_cfg.normalize_std, joint=loss_cfg.joint_normalization)
+    adv = episode_advantages(episodes, normalize_std=loss_cfg.normalize_std, joint=loss_cfg.joint_normalization,
+                             reward=getattr(loss_cfg, "reward", "env"))
     rows = build_rows(episodes, adv)
     if getattr(loss_cfg, "aggregation", "token") == "episode":
         rows = weight_by_episode(rows)

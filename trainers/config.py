@@ -113,10 +113,16 @@ class LossSection:
     # episode that runs to the turn limit then outweighs a quick success several times over.
     # episode: each episode weighs the same in its subgroup (its own turns' token mean).
     aggregation: str = "token"
+    # env: the env's summed reward (MiniHack adds -0.01 per turn that does not advance time, so in a
+    # group where every episode failed, std normalisation turns wall bumps into full-size advantages);
+    # outcome: +1 success / -1 failure, the task outcome METHOD.md names.
+    reward: str = "env"
 
     def __post_init__(self) -> None:
         if self.ratio_level not in ("sequence", "token"):
             raise ConfigError("loss.ratio_level must be 'sequence' or 'token'")
+        if self.reward not in ("env", "outcome"):
+            raise ConfigError("loss.reward must be 'env' or 'outcome'")
         if self.aggregation not in ("token", "episode"):
             raise ConfigError("loss.aggregation must be 'token' or 'episode'")
 
