@@ -447,14 +447,19 @@ class Workbench:
         launched = self._spawn("run", args, log_path.name, run_id=run_id)
         return _ok(f"launched run {run_id} (process {launched.proc.pid}); log: {log_path}")
 
-    def resume_run(self, run_id: Any, max_steps: float | int | None = None) -> str:
-        """Continue a run from its latest checkpoint (`comprl train --resume ID`, with its stored config)."""
+    def _launchable_run(self, run_id: Any) -> tuple[int | None, str]:
+        """(run id, "") when `run_id` names a stored run and a trainer can be started, else (None, why)."""
         try:
             rid = self._run_id(run_id)
         except (UserInputError, StoreError) as e:
-            return _err(str(e))
+            return None, str(e)
         ok, why = trainer_available()
-        if not ok:
+        return (rid, "") if ok else (None, why)
+
+    def resume_run(self, run_id: Any, max_steps: float | int | None = None) -> str:
+        """Continue a run from its latest checkpoint (`comprl train --resume ID`, with its stored config)."""
+        rid, why = self._launchable_run(run_id)
+        if rid is None:
             return _err(why)
         run = self.store.get_run(rid)
         if run["status"] in ("created", "starting", "running", "paused") and _alive(run.get("pid")):
@@ -469,12 +474,8 @@ class Workbench:
 
     def fork_run(self, run_id: Any, max_steps: float | int | None = None) -> str:
         """A new run that starts from another run's latest checkpoint (`comprl train --fork ID`)."""
-        try:
-            rid = self._run_id(run_id)
-        except (UserInputError, StoreError) as e:
-            return _err(str(e))
-        ok, why = trainer_available()
-        if not ok:
+        rid, why = self._launchable_run(run_id)
+        if rid is None:
             return _err(why)
         parent = self.store.get_run(rid)
         ck = Path(parent["checkpoint_dir"]) / "latest" if parent.get("checkpoint_dir") else None
