@@ -141,8 +141,8 @@ def _relative(dr: int, dc: int) -> str:
     return " and ".join(parts) if parts else "here"
 
 
-def _heading(dr: int, dc: int) -> str:
-    """The compass word of one step toward a map offset: 'northeast' for (-2, 1)."""
+def heading_word(dr: int, dc: int) -> str:
+    """The compass word of one step toward a map offset: 'northeast' for (-2, 1); '' for (0, 0)."""
     return ("south" if dr > 0 else "north" if dr < 0 else "") + ("east" if dc > 0 else "west" if dc < 0 else "")
 
 
@@ -426,7 +426,7 @@ class MiniHackEnv:
         if len(goals):
             r, c = (int(v) for v in goals[0])
             text += f" The staircase down (>) is {_relative(r - ar, c - ac)} of you"
-            text += f" (a step {_heading(r - ar, c - ac)} brings you closer)." if (r, c) != (ar, ac) else "."
+            text += f" (a step {heading_word(r - ar, c - ac)} brings you closer)." if (r, c) != (ar, ac) else "."
         else:
             text += " You have not seen the staircase down (>) yet."
         sights = [f"{self._description_at(r, c) or 'a monster'} {_relative(r - ar, c - ac)}"

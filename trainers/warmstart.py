@@ -184,9 +184,9 @@ def _rel(dr: int, dc: int) -> str:
 
 
 def _heading(dr: int, dc: int) -> str:
-    ns = "south" if dr > 0 else "north" if dr < 0 else ""
-    ew = "east" if dc > 0 else "west" if dc < 0 else ""
-    return (ns + ew) or "nowhere"
+    from envs.minihack import heading_word
+
+    return heading_word(dr, dc) or "nowhere"
 
 
 def _sign(x: int) -> int:
