@@ -130,9 +130,9 @@ def policy_gradient(backend, rows: Sequence[Row], loss_cfg, micro_batch: int) ->
 def actor_update(backend, optimizer: torch.optim.Optimizer, episodes: Sequence[Episode], loss_cfg, model_cfg) -> dict[str, float]:
     """One optimiser step per epoch on a batch of episodes; returns policy/* metrics."""
     adv = episode_advantages(episodes, normalize_std=loss_cfg.normalize_std, joint=loss_cfg.joint_normalization,
-                             reward=getattr(loss_cfg, "reward", "env"))
+                             reward=loss_cfg.reward)
     rows = build_rows(episodes, adv)
-    if getattr(loss_cfg, "aggregation", "token") == "episode":
+    if loss_cfg.aggregation == "episode":
         rows = weight_by_episode(rows)
     stats: dict[str, float] = {"policy/frac_nonzero_adv": float((adv != 0).float().mean()) if len(adv) else 0.0,
                                "policy/rows": float(len(rows)), "policy/tokens": float(sum(len(r.ids) for r in rows)),

@@ -133,8 +133,8 @@ class Roller:
             for lv, hs in zip(want, hits):
                 lv.ep.traj.experience_ids = [h.entry_id for h in hs]
                 lv.ep.traj.experience_text = "\n\n".join(h.text for h in hs)
-            if getattr(self.rc, "actor_critic", False):
-                self._critique(want, dict(zip((id(lv) for lv in want), hits)), step)
+            if self.rc.actor_critic:
+                self._critique(want, hits, step)
         tokens = 0
         turn = 0
         while True:
@@ -170,11 +170,11 @@ class Roller:
         self.critic_stats = {}
         return [lv.ep for lv in lives]
 
-    def _critique(self, lives: Sequence[_Live], hits: dict[int, Any], step: int) -> None:
+    def _critique(self, lives: Sequence[_Live], hits: Sequence[Sequence[Any]], step: int) -> None:
         """Actor as critic (METHOD.md, optional): one batched call judges every retrieved entry;
         rejected entries are not shown. An unparsable judgement counts as accept (the entry is
         used, as without the critic) and is counted in `critic/unparsed`."""
-        pairs = [(lv, h) for lv in lives for h in hits[id(lv)]]
+        pairs = [(lv, h) for lv, hs in zip(lives, hits) for h in hs]
         if not pairs:
             return
         t0 = time.perf_counter()
@@ -189,8 +189,8 @@ class Roller:
                 unparsed += 1
                 score = 1.0
             lv.ep.critic_scores[h.entry_id] = score
-        for lv in lives:
-            shown = [h for h in hits[id(lv)] if lv.ep.critic_scores.get(h.entry_id, 1.0) > 0.0]
+        for lv, hs in zip(lives, hits):
+            shown = [h for h in hs if lv.ep.critic_scores[h.entry_id] > 0.0]
             lv.ep.traj.experience_ids = [h.entry_id for h in shown]
             lv.ep.traj.experience_text = "\n\n".join(h.text for h in shown)
         scores = [lv.ep.critic_scores[h.entry_id] for lv, h in pairs]
