@@ -41,12 +41,17 @@ from core.store import ExperienceStore  # noqa: E402
 REWARD_KEYS = ("policy/reward_with_exp", "policy/reward_without_exp")
 
 
-def build_store(path: Path, points: int) -> None:
-    """Run 1: every charted key; run 2: the reward keys; `points` steps each, written step by step."""
+def _fresh_store(path: Path) -> tuple[Path, ExperienceStore]:
+    """An empty store at `path`.building (left-overs of an interrupted build removed); renamed when done."""
     tmp = path.with_suffix(".building")
     for p in (tmp, Path(str(tmp) + "-wal"), Path(str(tmp) + "-shm")):
         p.unlink(missing_ok=True)
-    store = ExperienceStore(f"sqlite:///{tmp}")
+    return tmp, ExperienceStore(f"sqlite:///{tmp}")
+
+
+def build_store(path: Path, points: int) -> None:
+    """Run 1: every charted key; run 2: the reward keys; `points` steps each, written step by step."""
+    tmp, store = _fresh_store(path)
     rng = np.random.default_rng(0)
     t0 = time.time() - points
     r1 = store.create_run("bench-all-keys", variant="complementary", env="minihack/Room-5x5", status="finished")
@@ -67,10 +72,7 @@ def build_library(path: Path, n: int) -> None:
     from core.store import NewEntry
     from core.types import Source
 
-    tmp = path.with_suffix(".building")
-    for p in (tmp, Path(str(tmp) + "-wal"), Path(str(tmp) + "-shm")):
-        p.unlink(missing_ok=True)
-    store = ExperienceStore(f"sqlite:///{tmp}")
+    tmp, store = _fresh_store(path)
     rng = np.random.default_rng(1)
     envs = ["minihack/Room-5x5", "minihack/KeyRoom-S5", "minihack/MazeWalk-9x9", "alfworld/pick_and_place", "webshop"]
     for start in range(0, n, 5000):
