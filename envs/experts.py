@@ -60,8 +60,12 @@ class _Planner:
         # NetHack forbids diagonal moves into or out of a doorway that holds a door.
         return not (diagonal and (a in self.env.open_doors or b in self.env.open_doors))
 
-    def path_to(self, goal_test: Callable[[Cell], bool], avoid: set[Cell], enter_unknown: bool = False) -> str | None:
-        """First move of a shortest path to a cell passing goal_test; unknown cells may only be a goal."""
+    def path_to(self, goal_test: Callable[[Cell], bool], avoid: set[Cell], enter_unknown: bool = False,
+                prefer: str = "") -> str | None:
+        """First move of a shortest path to a cell passing goal_test; unknown cells may only be a goal.
+
+        `prefer` names a first move tried before the others: BFS keeps the order of the start's
+        neighbours at every depth, so it wins whenever some shortest path starts with it."""
         start = self.env.agent_pos
         first: dict[Cell, str | None] = {start: None}
         queue = deque([start])
@@ -71,7 +75,10 @@ class _Planner:
                 return first[cell]
             if cell != start and not self.passable(cell, avoid):
                 continue  # goals may be impassable (unknown squares, the door we want to stand by)
-            for word, nxt, diagonal in _neighbours(cell):
+            moves = _neighbours(cell)
+            if cell == start and prefer:
+                moves.sort(key=lambda m: m[0] != prefer)
+            for word, nxt, diagonal in moves:
                 if nxt in first or not self.step_ok(cell, nxt, diagonal):
                     continue
                 if nxt in self.env.blocked or nxt in avoid:
@@ -84,12 +91,12 @@ class _Planner:
                 queue.append(nxt)
         return None
 
-    def plan(self, goal_test: Callable[[Cell], bool], enter_unknown: bool = False) -> str | None:
+    def plan(self, goal_test: Callable[[Cell], bool], enter_unknown: bool = False, prefer: str = "") -> str | None:
         """Try the safest plan first: avoid traps and squares next to monsters, then relax."""
         near_monsters = {(r + dr, c + dc) for r, c in self.env.monsters for dr in (-1, 0, 1) for dc in (-1, 0, 1)}
         hazards = [self.env.traps | near_monsters, self.env.traps | self.env.monsters, set(self.env.traps), set()]
         for avoid in hazards:
-            move = self.path_to(goal_test, avoid - {self.env.agent_pos}, enter_unknown)
+            move = self.path_to(goal_test, avoid - {self.env.agent_pos}, enter_unknown, prefer)
             if move is not None:
                 return move
         return None
@@ -105,6 +112,8 @@ def minihack_expert(env: MiniHackEnv) -> str:
     """Next action for a MiniHack env: solve Sokoban by planning pushes, fetch the key and unlock
     the door if the task has one, walk to a known staircase, otherwise explore the nearest unknown
     square."""
+    from envs.minihack import heading_word
+
     if env.task_name == "Sokoban":
         move = _sokoban.action(env)
         if move:
@@ -139,7 +148,10 @@ def minihack_expert(env: MiniHackEnv) -> str:
             if move:
                 return move
     if goal_seen:
-        move = plan.plan(is_char(">"))
+        # Among equally short paths, take the step the observation's heading names ("a step east
+        # brings you closer"), so that the demonstrations agree with what the policy reads.
+        gr, gc = next((r, c) for r, line in enumerate(env.grid) for c, ch in enumerate(line) if ch == ">")
+        move = plan.plan(is_char(">"), prefer=heading_word(gr - here[0], gc - here[1]))
         if move:
             return move
     move = plan.plan(plan.frontier, enter_unknown=True)

@@ -56,6 +56,11 @@ def test_merge_and_rewrite_parsing():
                            {"function": "discard", "idx_list": [1]}]), chunk)
     assert [(o.kind, o.ids, o.text) for o in ops] == [("update", [4, 6], "m"), ("discard", [5], "")]
     assert parse_merge(ans([{"function": "merge", "idx_list": [9], "merged_memory": "m"}]), chunk) is None
+    # the short form: without merged_memory the group keeps its first listed entry's text
+    ops = parse_merge(ans([{"function": "merge", "idx_list": [2, 0]}]), chunk)
+    assert [(o.kind, o.ids, o.text) for o in ops] == [("update", [6, 4], "t6")]
+    assert parse_merge(ans([{"function": "merge", "idx_list": [1]}]), chunk) is None  # merging needs two entries
+    assert parse_merge(ans([{"function": "merge", "idx_list": [0, 1], "merged_memory": ""}]), chunk) is None
     assert parse_merge("garbage", chunk) is None
     assert parse_rewrite("<think>x</think><answer> go east </answer>") == "go east"
     assert parse_rewrite("no tags") == ""

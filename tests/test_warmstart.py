@@ -223,3 +223,30 @@ def test_models_command_list(built, capsys):
     out = capsys.readouterr().out
     assert "policy:" in out and "extractor:" in out and "params" in out and "parse rate" in out
     assert W.models_command("bogus", str(data)) == 2
+
+
+def test_merge_teacher_chunks_parse_with_the_runs_parser(ultimate_demos):
+    """The merge answers the extractor is taught are what `ExtractorLoop.merge` accepts: entries that
+    say the same thing collapse into the first listed one, entries for another task are discarded."""
+    import random
+
+    from core.types import Experience
+    from trainers.extractor import parse_merge
+
+    _, demos = ultimate_demos
+    rng = random.Random(0)
+    kinds = set()
+    for _ in range(40):
+        entries, ops, answer = W._merge_chunk(rng.sample(demos, k=min(len(demos), 24)), rng)
+        assert 1 <= len(entries) <= 5
+        parsed = parse_merge(answer, [Experience(id=100 + i, text=t) for i, t in enumerate(entries)])
+        assert parsed is not None and len(parsed) == len(ops)
+        for op, p in zip(ops, parsed):
+            kinds.add(op["function"])
+            assert p.ids == [100 + i for i in op["idx_list"]]
+            if op["function"] == "merge":
+                assert p.kind == "update" and p.text == entries[op["idx_list"][0]]
+                assert len({W._merge_key(entries[i]) for i in op["idx_list"]}) == 1
+            else:
+                assert p.kind == "discard" and all(demos[0].task not in entries[i] for i in op["idx_list"])
+    assert "merge" in kinds

@@ -103,7 +103,11 @@ def parse_extraction(text: str, previous_ids: Sequence[int], *, budget: int = 8,
 
 
 def parse_merge(text: str, chunk: Sequence[Experience]) -> list[Operation] | None:
-    """A merge answer -> operations on the chunk's entries, or None when it does not parse."""
+    """A merge answer -> operations on the chunk's entries, or None when it does not parse.
+
+    `{"function": "merge", "idx_list": [i, j, ...], "merged_memory": "..."}` replaces two or more
+    entries by one (without `merged_memory`, by entry i's text); `{"function": "discard",
+    "idx_list": [...]}` removes entries."""
     data, err = _answer_json(text)
     if err or not isinstance(data, list):
         return None
@@ -116,8 +120,10 @@ def parse_merge(text: str, chunk: Sequence[Experience]) -> list[Operation] | Non
             return None
         ids = [chunk[x].id for x in idx]
         if item.get("function") == "merge":
-            mem = item.get("merged_memory")
-            if not isinstance(mem, str) or not mem.strip():
+            # Without merged_memory the group keeps its first listed entry's text (duplicates collapse
+            # into it): the short form a small extractor can write reliably.
+            mem = item.get("merged_memory", chunk[idx[0]].text)
+            if not isinstance(mem, str) or not mem.strip() or len(idx) < 2:
                 return None
             ops.append(Operation("update", text=mem.strip(), ids=ids))
         elif item.get("function") == "discard":

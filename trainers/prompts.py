@@ -55,8 +55,8 @@ MERGE_USER = (
     "Task: {task}\nThese library entries are numbered:\n{entries}\n"
     "Merge entries that say the same thing, discard wrong or useless ones, keep the rest. Answer as "
     "<think>...</think><answer>[...]</answer> with operations "
-    '{{"function": "merge", "idx_list": [...], "merged_memory": "..."}} or {{"function": "discard", "idx_list": [...]}}; '
-    "[] keeps everything."
+    '{{"function": "merge", "idx_list": [...]}} (keeps the first listed entry\'s text for the group; add '
+    '"merged_memory": "..." to write a new text) or {{"function": "discard", "idx_list": [...]}}; [] keeps everything.'
 )
 REWRITE_USER = (
     "The agent is working on: {task}\nIts question: {query}\nThe most relevant library entry:\n{entry}\n"

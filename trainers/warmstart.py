@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 MARKER = "warmstart.json"
-FORMAT_VERSION = 2  # bump when the pipeline changes in a way that should rebuild existing folders
+FORMAT_VERSION = 3  # bump when the pipeline changes in a way that should rebuild existing folders
 IGNORE = -100  # label of a token that carries no loss
 
 # Words a confused agent types: invalid in every MiniHack task, so the noisy expert's states teach recovery.
@@ -108,6 +108,7 @@ class WarmStartConfig:
     allow_tool: bool = False  # actor prompt: the system text that offers search-and-ask (must match the rollout)
     trajectory_chars: int = 1500  # extractor prompt: trajectory_text max_chars (must match the extractor consumer)
     op_budget: int = 2  # extractor prompt: the operation budget shown
+    merge_every_demos: int = 4  # extractor SFT: one merge chunk (5 entries of a task) per this many demos of the task
     action_max_new_tokens: int = 8  # tokens generated per actor turn in the evaluation and DAgger rollouts
     extractor_max_new_tokens: int = 320  # tokens generated per extractor answer in the parse-rate measurement
     eval_episodes: int = 8  # held-out episodes per env and condition (no / correct / wrong entry)
@@ -554,26 +555,59 @@ def _rewrite_example(demo: Demo, rng: random.Random) -> tuple[list[dict[str, str
     return [{"role": "system", "content": P.EXTRACTOR_SYSTEM}, {"role": "user", "content": user}], ans
 
 
-def _merge_example(group: Sequence[Demo], rng: random.Random) -> tuple[list[dict[str, str]], str]:
-    """Entries of one task: near-duplicates (the same lesson twice) are merged, a wrong one discarded."""
-    good = [_lesson(d)[0] for d in group if d.success][:3]
-    wrong = [d.entry for d in group if d.condition == "wrong" and d.entry][:1]
-    entries = good + ([good[0]] if good and rng.random() < 0.6 else []) + wrong
+def _merge_key(entry: str) -> str:
+    """What an entry says, for the merge teacher: its title and the first sentence of its content
+    (two lessons about the same staircase square or the same object's place say the same thing)."""
+    title = entry.split("\n", 1)[0]
+    content = entry.split("## Content:", 1)[-1].strip()
+    return title + "|" + content.split(". ", 1)[0].rstrip(".")
+
+
+def _merge_chunk(group: Sequence[Demo], rng: random.Random, size: int = 5) -> tuple[list[str], list[dict[str, Any]], str]:
+    """A merge chunk shaped like a run's (`size` lessons of one task, several about the same thing,
+    sometimes a wrong entry) and the teacher's answer: entries that say the same thing merge into the
+    first listed one (the short form, no merged_memory); entries for another task are discarded."""
+    lessons = [_lesson(d)[0] for d in group]
+    by_key: dict[str, list[str]] = {}
+    for text in lessons:
+        by_key.setdefault(_merge_key(text), []).append(text)
+    keys = list(by_key)
+    rng.shuffle(keys)
+    entries: list[str] = []
+    for k in keys:
+        if len(entries) >= size:
+            break
+        same = by_key[k]
+        take = 1 if rng.random() < 0.5 else rng.randint(2, 3)
+        entries += [rng.choice(same) for _ in range(min(take, size - len(entries)))]
+    # Discarded: entries written for another kind of task (a wrong entry that names this task is
+    # indistinguishable from a right one by reading it, so the teacher does not pretend to know).
+    wrong = [d.entry for d in group if d.condition == "wrong" and d.entry and d.task not in d.entry]
+    if wrong and rng.random() < 0.4:
+        entries[-1] = rng.choice(wrong)
     rng.shuffle(entries)
+    wrong_set = set(wrong)
     ops: list[dict[str, Any]] = []
-    think = []
-    if good:
-        same = [i for i, e in enumerate(entries) if e == good[0]]
-        if len(same) > 1:
-            ops.append({"function": "merge", "idx_list": same, "merged_memory": good[0]})
-            think.append(f"Entries {same} say the same thing.")
-    if wrong:
-        bad = [i for i, e in enumerate(entries) if e == wrong[0]]
+    think: list[str] = []
+    seen: dict[str, list[int]] = {}
+    for i, e in enumerate(entries):
+        if e not in wrong_set:
+            seen.setdefault(_merge_key(e), []).append(i)
+    for idx in seen.values():
+        if len(idx) > 1:
+            ops.append({"function": "merge", "idx_list": idx})
+            think.append(f"Entries {idx} say the same thing.")
+    bad = [i for i, e in enumerate(entries) if e in wrong_set]
+    if bad:
         ops.append({"function": "discard", "idx_list": bad})
-        think.append(f"Entry {bad[0]} contradicts the others.")
-    user = P.MERGE_USER.format(task=group[0].task, entries=P.numbered(entries))
-    msgs = [{"role": "system", "content": P.EXTRACTOR_SYSTEM}, {"role": "user", "content": user}]
-    return msgs, _answer(" ".join(think) or "Every entry is distinct and useful.", ops)
+        think.append(f"Entry {bad[0]} is about another task.")
+    ops.sort(key=lambda op: op["idx_list"][0])
+    return entries, ops, _answer(" ".join(think) or "Every entry says something different.", ops)
+
+
+def _merge_messages(task: str, entries: Sequence[str]) -> list[dict[str, str]]:
+    user = P.MERGE_USER.format(task=task, entries=P.numbered(list(entries)))
+    return [{"role": "system", "content": P.EXTRACTOR_SYSTEM}, {"role": "user", "content": user}]
 
 
 def extractor_examples(demos: Sequence[Demo], tokenizer: Any, cfg: WarmStartConfig) -> tuple[list[SFTExample], int]:
@@ -590,9 +624,9 @@ def extractor_examples(demos: Sequence[Demo], tokenizer: Any, cfg: WarmStartConf
     for d in demos:
         by_task.setdefault(d.task, []).append(d)
     for task, group in by_task.items():
-        for _ in range(max(4, len(group) // 8)):
-            msgs, ans = _merge_example(rng.sample(group, k=min(len(group), 8)), rng)
-            pairs.append((msgs, ans, "extractor/merge"))
+        for _ in range(max(8, len(group) // cfg.merge_every_demos)):
+            entries, _, ans = _merge_chunk(rng.sample(group, k=min(len(group), 24)), rng)
+            pairs.append((_merge_messages(task, entries), ans, "extractor/merge"))
     out, dropped = [], 0
     for msgs, ans, kind in pairs:
         ex = _join(tokenizer, _chat_ids(tokenizer, msgs), ans, kind)
@@ -775,13 +809,48 @@ def _evaluate_extractor(backend: Any, cfg: WarmStartConfig, demos: Sequence[Demo
     outs = backend.generate(prompts, max_new_tokens=cfg.extractor_max_new_tokens, temperature=0.0, seed=cfg.seed)
     parsed = [parse_extractor_answer(o.text, n_previous=1 if d.entry else 0) for o, d in zip(outs, pick)]
     ok = [p for p in parsed if p is not None]
+    merge = _evaluate_merge(backend, cfg, demos)
     return {
         "answers": len(pick),
         "parse_rate": len(ok) / max(1, len(pick)),
         "ops_per_answer": sum(len(p) for p in ok) / max(1, len(ok)),
         "parse_rate_with_ops": sum(1 for p in ok if p) / max(1, len(pick)),  # parsed and not the empty list
         "example": outs[0].text[:600] if outs else "",
+        **merge,
     }
+
+
+def _evaluate_merge(backend: Any, cfg: WarmStartConfig, demos: Sequence[Demo]) -> dict[str, Any]:
+    """Greedy merge answers on held-out chunks (lessons of the evaluation episodes): the share that
+    parses, the share with at least one operation, and the share equal to the teacher's answer."""
+    from core.types import Experience
+    from trainers.extractor import parse_merge
+
+    rng = random.Random(cfg.seed + 13)
+    by_task: dict[str, list[Demo]] = {}
+    for d in demos:
+        by_task.setdefault(d.task, []).append(d)
+    chunks = [(task, *_merge_chunk(rng.sample(g, k=min(len(g), 24)), rng)) for task, g in by_task.items()
+              for _ in range(max(1, cfg.eval_extractor // max(1, len(by_task))))]
+    if not chunks:
+        return {}
+    prompts = [backend.apply_chat_template(_merge_messages(task, entries), add_generation_prompt=True, tokenize=True)
+               for task, entries, _, _ in chunks]
+    outs = backend.generate(prompts, max_new_tokens=cfg.extractor_max_new_tokens, temperature=0.0, seed=cfg.seed)
+    parsed, exact = 0, 0
+    with_ops = 0
+    for (task, entries, ops, _), o in zip(chunks, outs):
+        got = parse_merge(o.text, [Experience(id=i, text=t) for i, t in enumerate(entries)])
+        parsed += got is not None
+        with_ops += bool(got)
+        m = re.search(r"<answer>(.*?)</answer>", o.text, re.S)
+        try:
+            exact += m is not None and json.loads(m.group(1)) == ops
+        except json.JSONDecodeError:
+            pass
+    n = len(chunks)
+    return {"merge_answers": n, "merge_parse_rate": parsed / n, "merge_parse_rate_with_ops": with_ops / n,
+            "merge_exact_rate": exact / n, "merge_example": outs[0].text[:400]}
 
 
 # ============================================================================ the build
