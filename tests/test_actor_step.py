@@ -164,3 +164,20 @@ def test_outcome_reward_ignores_the_envs_step_penalties(tiny):
     assert torch.allclose(a, torch.tensor([1.5, -0.5, -0.5, -0.5]))
     with pytest.raises(Exception, match="loss.reward"):
         LossSection(reward="score")
+
+
+def test_lr_warmup_ramps_linearly_and_resumes_from_the_optimisers_step_count():
+    from trainers.actor_step import warmed_lr
+
+    p = torch.nn.Parameter(torch.zeros(3))
+    opt = torch.optim.AdamW([p], lr=1.0)
+    seen = []
+    for _ in range(5):
+        seen.append(warmed_lr(opt, 1e-3, 4))
+        p.grad = torch.ones(3)
+        opt.step()
+    assert seen == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
+    resumed = torch.optim.AdamW([p], lr=1.0)
+    resumed.load_state_dict(opt.state_dict())  # a checkpoint keeps the step count, so the ramp does not restart
+    assert warmed_lr(resumed, 1e-3, 4) == pytest.approx(1e-3)
+    assert warmed_lr(torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0), 1e-3, 0) == pytest.approx(1e-3)

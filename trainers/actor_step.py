@@ -127,6 +127,17 @@ def policy_gradient(backend, rows: Sequence[Row], loss_cfg, micro_batch: int) ->
             "policy/entropy": ent_sum / max(1, ent_n)}
 
 
+def warmed_lr(optimizer: torch.optim.Optimizer, lr: float, warmup: int) -> float:
+    """Set and return the learning rate of the optimiser's next step: linear warm-up over `warmup` steps,
+    counted by the optimiser's own step count (so a resumed run continues where it was)."""
+    state = next((optimizer.state[p] for g in optimizer.param_groups for p in g["params"] if p in optimizer.state), {})
+    done = int(state.get("step", 0))
+    value = lr * min(1.0, (done + 1) / warmup) if warmup > 0 else lr
+    for g in optimizer.param_groups:
+        g["lr"] = value
+    return value
+
+
 def actor_update(backend, optimizer: torch.optim.Optimizer, episodes: Sequence[Episode], loss_cfg, model_cfg) -> dict[str, float]:
     """One optimiser step per epoch on a batch of episodes; returns policy/* metrics."""
     adv = episode_advantages(episodes, normalize_std=loss_cfg.normalize_std, joint=loss_cfg.joint_normalization,
@@ -144,10 +155,12 @@ def actor_update(backend, optimizer: torch.optim.Optimizer, episodes: Sequence[E
     backend.model.train()
     try:
         for _ in range(max(1, loss_cfg.epochs)):
+            lr = warmed_lr(optimizer, model_cfg.lr, model_cfg.lr_warmup)
             optimizer.zero_grad(set_to_none=True)
             stats.update(policy_gradient(backend, rows, loss_cfg, model_cfg.micro_batch))
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, model_cfg.grad_clip))
             optimizer.step()
+        stats["policy/lr"] = lr
     finally:
         backend.model.eval()
     stats["policy/grad_norm"] = grad_norm if math.isfinite(grad_norm) else -1.0
