@@ -60,6 +60,7 @@ def test_merge_and_rewrite_parsing():
     ops = parse_merge(ans([{"function": "merge", "idx_list": [2, 0]}]), chunk)
     assert [(o.kind, o.ids, o.text) for o in ops] == [("update", [6, 4], "t6")]
     assert parse_merge(ans([{"function": "merge", "idx_list": [1]}]), chunk) is None  # merging needs two entries
+    assert parse_merge(ans([{"function": "merge", "idx_list": [1, 1]}]), chunk) is None  # nor an entry with itself
     assert parse_merge(ans([{"function": "merge", "idx_list": [0, 1], "merged_memory": ""}]), chunk) is None
     assert parse_merge("garbage", chunk) is None
     assert parse_rewrite("<think>x</think><answer> go east </answer>") == "go east"

@@ -118,6 +118,8 @@ def parse_merge(text: str, chunk: Sequence[Experience]) -> list[Operation] | Non
         idx = item.get("idx_list")
         if not isinstance(idx, list) or not idx or not all(isinstance(x, int) and 0 <= x < len(chunk) for x in idx):
             return None
+        if len(set(idx)) != len(idx):  # [0, 0] would "merge" an entry with itself
+            return None
         ids = [chunk[x].id for x in idx]
         if item.get("function") == "merge":
             # Without merged_memory the group keeps its first listed entry's text (duplicates collapse
