@@ -96,8 +96,9 @@ class WarmStartConfig:
     max_positions: int = 4096  # position embeddings of both models (the rollout's prompt + reply must fit)
     # Policy SFT optimiser steps. Deliberately short: on Room-Random-5x5, 150 steps already give greedy
     # success 1.00 on held-out seeds, which leaves an RL run nothing to show. Before ~75 steps the policy
-    # has not learned to read the heading and is close to uniform over the 8 moves (entropy of the
-    # action token ~2.3 nats), where GRPO found no signal in 10 steps; 90 steps sit just past that point.
+    # has not learned to read the heading and is close to uniform over the 8 moves (70 steps: reply
+    # entropy 1.17 nats per token), where GRPO found no signal in 10 steps; 90 steps sit just past it
+    # (greedy 1.00 on the build's held-out seeds): the cliff is in docs/results.md.
     policy_steps: int = 90
     extractor_steps: int = 600  # extractor SFT optimiser steps (~0.6 s each here)
     batch_size: int = 16  # sequences per policy SFT step
