@@ -829,7 +829,7 @@ def _evaluate_merge(backend: Any, cfg: WarmStartConfig, demos: Sequence[Demo]) -
     """Greedy merge answers on held-out chunks (lessons of the evaluation episodes): the share that
     parses, the share with at least one operation, and the share equal to the teacher's answer."""
     from core.types import Experience
-    from trainers.extractor import parse_merge
+    from trainers.extractor import _answer_json, parse_merge
 
     rng = random.Random(cfg.seed + 13)
     by_task: dict[str, list[Demo]] = {}
@@ -842,17 +842,13 @@ def _evaluate_merge(backend: Any, cfg: WarmStartConfig, demos: Sequence[Demo]) -
     prompts = [backend.apply_chat_template(_merge_messages(task, entries), add_generation_prompt=True, tokenize=True)
                for task, entries, _, _ in chunks]
     outs = backend.generate(prompts, max_new_tokens=cfg.extractor_max_new_tokens, temperature=0.0, seed=cfg.seed)
-    parsed, exact = 0, 0
-    with_ops = 0
+    parsed = exact = with_ops = 0
     for (task, entries, ops, _), o in zip(chunks, outs):
         got = parse_merge(o.text, [Experience(id=i, text=t) for i, t in enumerate(entries)])
         parsed += got is not None
         with_ops += bool(got)
-        m = re.search(r"<answer>(.*?)</answer>", o.text, re.S)
-        try:
-            exact += m is not None and json.loads(m.group(1)) == ops
-        except json.JSONDecodeError:
-            pass
+        data, err = _answer_json(o.text)
+        exact += not err and data == ops
     n = len(chunks)
     return {"merge_answers": n, "merge_parse_rate": parsed / n, "merge_parse_rate_with_ops": with_ops / n,
             "merge_exact_rate": exact / n, "merge_example": outs[0].text[:400]}
