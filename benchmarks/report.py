@@ -29,8 +29,10 @@ ROOT = Path(__file__).resolve().parents[1]
 DISCUSSION = "results_discussion.md"
 TRAIN_KEYS = (("policy/success_with_exp", "with experience", "tab:blue"),
               ("policy/success_without_exp", "without experience", "tab:orange"))
-EVAL_KEYS = (("eval/success_with_exp", "with experience", "tab:blue"),
-             ("eval/success_without_exp", "without experience", "tab:orange"))
+EVAL_KEYS = (("eval/success_with_exp", "with experience, greedy", "tab:blue"),
+             ("eval/success_without_exp", "without experience, greedy", "tab:orange"),
+             ("eval/success_with_exp_sampled", "with experience, sampled", "tab:cyan"),
+             ("eval/success_without_exp_sampled", "without experience, sampled", "tab:red"))
 
 
 def study_command(d: dict) -> str:
@@ -92,7 +94,7 @@ def study_figures(stem: str, d: dict, img_dir: Path) -> list[tuple[str, Path]]:
         runs = [r for r in d["runs"] if r.get("label", r.get("variant")) == lab]
         fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
         _plot_panel(a, runs, TRAIN_KEYS, f"{lab}: training rollouts")
-        _plot_panel(b, runs, EVAL_KEYS, f"{lab}: held-out eval (greedy)")
+        _plot_panel(b, runs, EVAL_KEYS, f"{lab}: held-out eval")
         fig.suptitle(f"{stem} / {lab} ({len(runs)} seed{'s' if len(runs) != 1 else ''})", fontsize=11)
         fig.tight_layout()
         path = img_dir / f"{stem}-{lab}.png"

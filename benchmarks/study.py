@@ -38,7 +38,8 @@ ABLATIONS = {
     "no_diversification": ["library.manager.diversify=false"],
     "no_reweighting": ["extractor.reweight=false"],
 }
-KEYS = ("success_with_exp", "success_without_exp", "actions_with_exp", "actions_without_exp")
+KEYS = ("success_with_exp", "success_without_exp", "actions_with_exp", "actions_without_exp",
+        "success_with_exp_sampled", "success_without_exp_sampled")
 VARIANTS = ("grpo", "static", "exp_only", "complementary")  # METHOD.md "Baselines"
 CURVES = ("policy/success_with_exp", "policy/success_without_exp", "policy/reward_with_exp", "policy/reward_without_exp",
           "policy/actions_with_exp", "policy/actions_without_exp", "policy/entropy", "policy/frac_nonzero_adv",
@@ -194,11 +195,13 @@ def pooled_ci(runs: list[dict], key: str, fallback_n: int) -> str:
 def table(results: list[dict], args: argparse.Namespace, commit: str) -> str:
     """Per label: mean ± sd over seeds of the start and end eval, pooled end success with its CI, and the commit."""
     labels = list(dict.fromkeys(r["label"] for r in results))
-    lines = [f"Budget: {args.steps} steps per run; eval on {args.eval_episodes} held-out seeds per condition, greedy. "
+    lines = [f"Budget: {args.steps} steps per run; eval on {args.eval_episodes} held-out seeds per condition, greedy, and "
+             f"sampled at the rollout temperature where the run measured it (runs before the sampled eval show –). "
              f"Study written at commit {commit}; the commit column is the one each run was made with.", "",
              "| variant | seeds | success without exp (start → end) | without, end pooled [95% CI] | success with exp (start → end) "
-             "| with, end pooled [95% CI] | actions without (start → end) | actions with (start → end) | library | extractor updates | commit |",
-             "|---|---:|---|---|---|---|---|---|---:|---:|---|"]
+             "| with, end pooled [95% CI] | sampled without (start → end) | sampled with (start → end) "
+             "| actions without (start → end) | actions with (start → end) | library | extractor updates | commit |",
+             "|---|---:|---|---|---|---|---|---|---|---|---:|---:|---|"]
     for lab in labels:
         rs = [r for r in results if r["label"] == lab]
         col = lambda when, k: [r[when].get(k) for r in rs]  # noqa: E731
@@ -208,6 +211,8 @@ def table(results: list[dict], args: argparse.Namespace, commit: str) -> str:
             f"{pooled_ci(rs, 'success_without_exp', args.eval_episodes)} | "
             f"{mean_sd(col('start', 'success_with_exp'))} → {mean_sd(col('end', 'success_with_exp'))} | "
             f"{pooled_ci(rs, 'success_with_exp', args.eval_episodes)} | "
+            f"{mean_sd(col('start', 'success_without_exp_sampled'))} → {mean_sd(col('end', 'success_without_exp_sampled'))} | "
+            f"{mean_sd(col('start', 'success_with_exp_sampled'))} → {mean_sd(col('end', 'success_with_exp_sampled'))} | "
             f"{mean_of(col('start', 'actions_without_exp'))} → {mean_of(col('end', 'actions_without_exp'))} | "
             f"{mean_of(col('start', 'actions_with_exp'))} → {mean_of(col('end', 'actions_with_exp'))} | "
             f"{mean_sd([r.get('library_size') for r in rs])} | {mean_sd([r.get('extractor_updates') for r in rs])} | {commits} |")

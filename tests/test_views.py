@@ -10,6 +10,8 @@ import pytest
 from app import views
 from core.types import Experience, Source, Status
 
+PANEL = {p.id: p for p in views.PANELS}
+
 
 def slow_ema(xs, w):
     out, b = [], 0.0
@@ -66,7 +68,7 @@ def _series(run_id, key, n, start=0):
 
 
 def test_curve_figure_overlays_runs_with_faint_raw_and_keeps_uirevision():
-    panel = views.PANELS[0]
+    panel = PANEL['reward']
     series = [_series(1, "policy/reward_with_exp", 50), _series(1, "policy/reward_without_exp", 50),
               _series(2, "policy/reward_with_exp", 30)]
     fig = views.curve_figure(panel, series, run_names={1: "#1 a", 2: "#2 b"}, smoothing=0.6, edit_marks=[10.0, 20.0])
@@ -83,26 +85,26 @@ def test_curve_figure_overlays_runs_with_faint_raw_and_keeps_uirevision():
 def test_curve_figure_downsamples_100k_and_time_axis():
     s = _series(1, "policy/reward_with_exp", 100_000)
     s.x = 1.7e9 + np.arange(100_000, dtype=float)
-    fig = views.curve_figure(views.PANELS[0], [s], run_names={}, x_axis="time", smoothing=0.6)
+    fig = views.curve_figure(PANEL['reward'], [s], run_names={}, x_axis="time", smoothing=0.6)
     assert all(len(t["x"]) <= views.MAX_RAW_POINTS + 6 for t in fig["data"])
     assert fig["layout"]["xaxis"]["type"] == "date"
     assert fig["data"][0]["x"][0] == pytest.approx(1.7e12)  # epoch milliseconds
-    unsmoothed = views.curve_figure(views.PANELS[0], [s], run_names={}, smoothing=0.0)
+    unsmoothed = views.curve_figure(PANEL['reward'], [s], run_names={}, smoothing=0.0)
     assert len(unsmoothed["data"]) == 1
 
 
 def test_smoothed_constant_is_drawn_flat():
     y = np.full(500, 5.0)
     s = views.SeriesView(1, "library/size", np.arange(500.0), y, views.ema(y, 0.6)[0])
-    fig = views.curve_figure(views.PANELS[4], [s], run_names={}, smoothing=0.6)
+    fig = views.curve_figure(PANEL['library'], [s], run_names={}, smoothing=0.6)
     assert all(set(np.asarray(t["y"]).tolist()) == {5.0} for t in fig["data"])
 
 
 def test_curve_figure_empty_says_so_and_secondary_axis():
-    fig = views.curve_figure(views.PANELS[3], [], run_names={})
+    fig = views.curve_figure(PANEL['extractor'], [], run_names={})
     assert fig["data"] == [] and "no data yet" in json.dumps(fig["layout"]["annotations"])
     assert fig["layout"]["yaxis2"]["overlaying"] == "y"
-    fig = views.curve_figure(views.PANELS[3], [_series(1, "extractor/loss", 5)], run_names={}, smoothing=0)
+    fig = views.curve_figure(PANEL['extractor'], [_series(1, "extractor/loss", 5)], run_names={}, smoothing=0)
     assert fig["data"][0]["yaxis"] == "y2"
 
 

@@ -30,6 +30,7 @@ class RunSection:
     checkpoint_every: int = 10  # steps between checkpoints (and one at stop)
     eval_every: int = 0  # steps between held-out evaluations (0 = only at the end)
     eval_episodes: int = 16  # held-out episodes per evaluation, per condition (with / without experience)
+    eval_sampled: bool = True  # also evaluate at the rollout temperature (eval/success_*_sampled): GRPO trains the sampler
     eval_at_start: bool = False  # evaluate the starting policy before the first step (a fresh run only)
     store_episodes: bool = True  # keep every episode in the store (replay in the workbench; entry lineage points at them)
     deterministic: bool = False  # True: collect then learn, distillation waited for (reproducible, for tests); False: the next

@@ -249,9 +249,10 @@ def _collect(roller: Roller, router: SlotRouter, specs: list[EpisodeSpec], step:
 
 
 def evaluate_run(cfg: RunConfig, roller: Roller, router: SlotRouter, manager, step: int) -> dict[str, float]:
-    """Greedy episodes on held-out seeds, with and without experience (eval/* metrics)."""
+    """Held-out episodes, with and without experience, greedy and (run.eval_sampled) sampled (eval/* metrics)."""
     from trainers.evaluate import evaluate_policy
 
     res = evaluate_policy(roller, router, list(cfg.env.names), n=cfg.run.eval_episodes, seed_offset=cfg.env.eval_seed_offset,
-                          with_experience=(False, True) if manager is not None else (False,), step=step)
+                          with_experience=(False, True) if manager is not None else (False,), step=step,
+                          sampled=cfg.run.eval_sampled)
     return res.metrics()

@@ -1,7 +1,10 @@
 """Evaluation on held-out seeds, with and without experience, and A/B tests of two library states.
 
-- `evaluate_policy`: greedy episodes of a Roller on seeds it never trained on; success with Wilson
-  95% intervals and mean actions (a failed episode counts every action it took, up to the limit).
+- `evaluate_policy`: episodes of a Roller on seeds it never trained on, greedy and (optionally) sampled
+  at the rollout temperature; success with Wilson 95% intervals and mean actions (a failed episode
+  counts every action it took, up to the limit). GRPO trains the sampler, so the sampled read is the
+  one that measures what the learner optimises; greedy decoding of a high-entropy tiny policy can
+  stay flat (or fall) while the sampler improves (docs/results.md, second round).
 - `run_eval(run_id)`: `comprl eval RUN_ID` — the run's latest checkpoint on its envs.
 - `run_ab_test(ab_id)`: `comprl eval --ab-test ID` — two arms, each a library state (current, a past
   version, a JSONL file, current minus or plus chosen entries, or none) loaded into its own
@@ -88,17 +91,20 @@ def play(roller: Roller, router, specs: list[EpisodeSpec], *, step: int, retriev
 
 
 def evaluate_policy(roller: Roller, router, envs: Sequence[str], *, n: int, seed_offset: int,
-                    with_experience: Sequence[bool] = (False, True), step: int = 0) -> EvalResult:
-    g = greedy(roller)
+                    with_experience: Sequence[bool] = (False, True), step: int = 0, sampled: bool = False) -> EvalResult:
+    """Conditions `without_exp` / `with_exp` (greedy) and, with `sampled`, `without_exp_sampled` /
+    `with_exp_sampled` (the rollout temperature; sampling seeded by (run seed, step), so reproducible)."""
+    modes = [("", greedy(roller))] + ([("_sampled", roller)] if sampled else [])
     res = EvalResult()
-    for flag in with_experience:
-        name = "with_exp" if flag else "without_exp"
-        specs = [EpisodeSpec(env, seed_offset + i, flag, -1 - i) for env in envs for i in range(n)]
-        eps = play(g, router, specs, step=step)
-        cond = res.conditions.setdefault(name, ConditionResult())
-        for e in eps:
-            cond.add(e)
-        res.episodes += eps
+    for suffix, r in modes:
+        for flag in with_experience:
+            name = ("with_exp" if flag else "without_exp") + suffix
+            specs = [EpisodeSpec(env, seed_offset + i, flag, -1 - i) for env in envs for i in range(n)]
+            eps = play(r, router, specs, step=step)
+            cond = res.conditions.setdefault(name, ConditionResult())
+            for e in eps:
+                cond.add(e)
+            res.episodes += eps
     return res
 
 
@@ -137,7 +143,8 @@ def run_eval(run_id: int, *, data_dir: str, db_url: str, episodes: int = 0, chec
     roller, router, pool = _roller_for(cfg, policy, manager, min(n, 32))
     try:
         res = evaluate_policy(roller, router, list(cfg.env.names), n=n, seed_offset=cfg.env.eval_seed_offset,
-                              with_experience=(False, True) if manager is not None else (False,), step=run["step"])
+                              with_experience=(False, True) if manager is not None else (False,), step=run["step"],
+                              sampled=cfg.run.eval_sampled)
         store.log_metrics(run_id, run["step"], res.metrics())
         return res
     finally:
