@@ -47,7 +47,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--data-dir", default=str(ROOT / "comprl_data"))
-    ap.add_argument("--env", default="minihack/Room-5x5")
+    ap.add_argument("--env", default="", help="default: the CPU default config's (first) env")
     args = ap.parse_args()
     torch.set_num_threads(1)
 
@@ -65,6 +65,7 @@ def main() -> None:
 
     ensure_models(args.data_dir)
     cfg = load_run_config(ROOT / "configs" / "minihack_room_cpu.yaml")
+    args.env = args.env or next(iter(cfg.env.names))
     actor = HFBackend(resolve_model_path(cfg.actor.path, args.data_dir), device="cpu", num_threads=1)
     rounds = 3 if args.quick else 6
     k, tasks = cfg.rollout.group_size, cfg.rollout.tasks_per_step

@@ -46,3 +46,19 @@ def test_exponent_without_a_dot_is_a_float():
     assert cfg.actor.lr == 3e-4 and cfg.extractor.model.lr == 1e-5
     with pytest.raises(Exception, match="actor.lr"):
         load_run_config(parse_overrides(["actor.lr=fast"]))
+
+
+def test_set_replaces_a_mapping_field_but_merges_into_a_section():
+    """`--set env.names={...}` is the whole mixture (it used to merge: a probe trained on two envs);
+    `--set library.manager={...}` still keeps the section's other fields."""
+    from trainers.config import CONFIG_DIR, load_run_config, parse_overrides
+
+    path = CONFIG_DIR / "minihack_room_cpu.yaml"
+    base = load_run_config(path)
+    cfg = load_run_config(path, overrides=parse_overrides(["env.names={minihack/Room-5x5: 1.0}",
+                                                           "library.manager={top_k: 3}"]))
+    assert cfg.env.names == {"minihack/Room-5x5": 1.0} and list(base.env.names) != ["minihack/Room-5x5"]
+    assert cfg.library.manager.top_k == 3
+    assert cfg.library.manager.diversify == base.library.manager.diversify
+    cfg = load_run_config(path, overrides=parse_overrides(["env.names.minihack/Room-5x5=1.0"]))  # one key: added
+    assert set(cfg.env.names) == set(base.env.names) | {"minihack/Room-5x5"}

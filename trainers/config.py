@@ -199,8 +199,32 @@ def load_run_config(source: str | os.PathLike[str] | dict[str, Any], *, override
     return from_dict(RunConfig, data)
 
 
+class _Replace(dict):
+    """A mapping given whole to a mapping-valued field (`--set env.names={...}`): it replaces the
+    file's mapping instead of merging into it (a merge silently trained a probe on two envs)."""
+
+
+def _is_section(parts: list[str]) -> bool:
+    """Whether the dotted path names a config section (a dataclass), not a field."""
+    import dataclasses
+    import typing
+
+    tp: Any = RunConfig
+    for part in parts:
+        if not dataclasses.is_dataclass(tp):
+            return False
+        hints = typing.get_type_hints(tp)
+        if part not in hints:
+            return False
+        tp = hints[part]
+    return dataclasses.is_dataclass(tp)
+
+
 def parse_overrides(items: list[str]) -> dict[str, Any]:
-    """["run.seed=3", "env.names={minihack/Room-5x5: 1}"] -> nested dict; values are YAML."""
+    """["run.seed=3", "env.names={minihack/Room-5x5: 1}"] -> nested dict; values are YAML.
+
+    A mapping value merges into a section (`library.manager={top_k: 3}` keeps the other fields) and
+    replaces a mapping-valued field (`env.names={minihack/Room-Ultimate-5x5: 1}` is the whole mixture)."""
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -214,14 +238,15 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         parts = key.strip().split(".")
         for part in parts[:-1]:
             node = node.setdefault(part, {})
-        node[parts[-1]] = v
+        node[parts[-1]] = _Replace(v) if isinstance(v, dict) and not _is_section(parts) else v
     return out
 
 
 def _deep_merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     out = dict(a)
     for k, v in b.items():
-        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        merge = isinstance(v, dict) and not isinstance(v, _Replace) and isinstance(out.get(k), dict)
+        out[k] = _deep_merge(out[k], v) if merge else dict(v) if isinstance(v, _Replace) else v
     return out
 
 
