@@ -1,7 +1,7 @@
 """Training speed of the embedded default on this CPU: rollouts, the learner, a full step, memory,
 and the ExperienceManager's cost to rollouts.
 
-    python benchmarks/bench_training.py [--quick] [--data-dir ./comprl_data]
+    python benchmarks/bench_training.py [--quick] [--rounds N] [--data-dir ./comprl_data]
 
 Three kinds of rollout are interleaved, same model, same seeds, and timed side by side:
   manager  K/2 of each group get the top entry of a real library through the ExperienceManager;
@@ -47,6 +47,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--data-dir", default=str(ROOT / "comprl_data"))
+    ap.add_argument("--rounds", type=int, default=0, help="interleaved rounds (default 3 with --quick, else 6)")
     ap.add_argument("--env", default="", help="default: the CPU default config's (first) env")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -67,7 +68,7 @@ def main() -> None:
     cfg = load_run_config(ROOT / "configs" / "minihack_room_cpu.yaml")
     args.env = args.env or next(iter(cfg.env.names))
     actor = HFBackend(resolve_model_path(cfg.actor.path, args.data_dir), device="cpu", num_threads=1)
-    rounds = 3 if args.quick else 6
+    rounds = args.rounds or (3 if args.quick else 6)
     k, tasks = cfg.rollout.group_size, cfg.rollout.tasks_per_step
     with tempfile.TemporaryDirectory() as d:
         store = ExperienceStore(f"sqlite:///{d}/bench.db")
