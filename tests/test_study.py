@@ -26,9 +26,11 @@ def test_quick_study_on_a_fresh_data_dir(tmp_path: Path):
     for r in d["runs"]:
         for when in ("start", "end"):
             assert 0.0 <= r[when]["success_without_exp"] <= 1.0 and r[when]["actions_without_exp"] > 0
+            assert 0.0 <= r[when]["success_without_exp_sampled"] <= 1.0  # run.eval_sampled: the rollout temperature too
         c = r["curves"]
         assert [s for s, _ in c["policy/success_without_exp"]] == [1, 2]
         assert [s for s, _ in c["eval/success_without_exp"]] == [0, 2]
+        assert [s for s, _ in c["eval/success_without_exp_sampled"]] == [0, 2]
         assert r["eval_n"] == 4 and r["commit"] == d["environment"]["commit"]
     comp = d["runs"][1]
     assert "success_with_exp" in comp["end"] and "policy/success_with_exp" in comp["curves"]
