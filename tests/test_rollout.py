@@ -167,3 +167,35 @@ def test_actor_as_critic_judges_entries_and_hides_rejected_ones(pool, tiny, stor
 
 def test_critic_is_off_by_default(pool, tiny, store, embedder):
     assert RolloutSection().actor_critic is False
+
+
+class TempRecorder(ScriptedActor):
+    """Records the temperature of every generate call."""
+
+    def __init__(self, backend, replies):
+        super().__init__(backend, replies)
+        self.temperatures = []
+
+    def generate(self, prompts, **kw):
+        self.temperatures.append(kw.get("temperature"))
+        return super().generate(prompts, **kw)
+
+
+def test_evaluation_greedy_then_sampled_on_held_out_seeds(pool, tiny):
+    """evaluate_policy: greedy conditions at temperature 0, `_sampled` ones at the rollout temperature,
+    each on the same held-out seeds; the metrics carry both."""
+    from trainers.cotrain import SlotRouter
+    from trainers.evaluate import evaluate_policy
+
+    actor = TempRecorder(tiny, ["north"])
+    r = Roller(actor, pool, None, rollout_cfg=RolloutSection(), actor_cfg=ModelSection(max_new_tokens=4, temperature=0.7),
+               max_turns=2, seed=1)
+    res = evaluate_policy(r, SlotRouter(["minihack/Room-5x5"] * 4), ["minihack/Room-5x5"], n=3, seed_offset=500,
+                          with_experience=(False,), sampled=True)
+    assert list(res.conditions) == ["without_exp", "without_exp_sampled"]
+    assert set(actor.temperatures[:2]) == {0.0} and set(actor.temperatures[2:]) == {0.7}  # 2 turns greedy, then 2 sampled
+    assert sorted(e.spec.seed for e in res.episodes) == [500, 500, 501, 501, 502, 502]
+    m = res.metrics()
+    assert m["eval/success_without_exp"] == m["eval/success_without_exp_sampled"] == 0.0  # "north" never reaches the stairs
+    assert m["eval/actions_without_exp_sampled"] == 2.0
+    assert r.ac.temperature == 0.7  # the roller itself is left as it was
