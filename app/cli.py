@@ -200,6 +200,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise UserError("give a RUN_ID or --ab-test ID")
     res = run_eval(args.run_id, data_dir=args.data_dir, db_url=db, episodes=args.episodes, checkpoint=args.checkpoint)
     print(res.table())
+    print(f"logged as eval/* metrics of run {args.run_id} at step {res.step}" if res.step is not None else
+          "not logged: the weights are not one of the run's checkpoints")
     return 0
 
 

@@ -153,3 +153,26 @@ def test_pause_resume_stop_commands(tmp_path, models):
     run = store.get_run(run_id)
     assert run["status"] == "stopped" and run["step"] < 50
     assert (Path(run["checkpoint_dir"]) / "latest").exists()  # a graceful stop writes a checkpoint
+
+
+def test_eval_command_logs_checkpoints_at_their_step_and_never_a_foreign_model(tmp_path, models):
+    """`comprl eval RUN_ID` logs greedy and sampled eval/* metrics at the checkpoint's step; evaluating
+    another model folder (the starting policy) prints its table and leaves the run's curves alone."""
+    cfg = write_config(tmp_path / "c.yaml", models, variant="grpo", steps=1, deterministic=True)
+    p = comprl("train", str(cfg), data=tmp_path / "data")
+    out, _ = p.communicate(timeout=600)
+    assert p.returncode == 0, out
+    store = ExperienceStore(f"sqlite:///{tmp_path / 'data' / 'workbench.db'}")
+    rid = store.list_runs()[0]["id"]
+    keys = ["eval/success_without_exp", "eval/success_without_exp_sampled"]
+    before = store.metrics_since(rid, keys)
+    e = comprl("eval", str(rid), "--episodes", "3", data=tmp_path / "data")
+    out, _ = e.communicate(timeout=600)
+    assert e.returncode == 0, out
+    assert "without_exp_sampled | 3 |" in out and f"logged as eval/* metrics of run {rid} at step 1" in out
+    after = store.metrics_since(rid, keys)
+    assert len(after) == len(before) + 2 and {s for _, _, s, _, _ in after[len(before):]} == {1}
+    e = comprl("eval", str(rid), "--episodes", "3", "--checkpoint", str(models / "policy"), data=tmp_path / "data")
+    out, _ = e.communicate(timeout=600)
+    assert e.returncode == 0, out
+    assert "not logged" in out and len(store.metrics_since(rid, keys)) == len(after)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import tempfile
 import time
 import traceback
@@ -52,6 +53,7 @@ class ConditionResult:
 class EvalResult:
     conditions: dict[str, ConditionResult] = field(default_factory=dict)
     episodes: list[Episode] = field(default_factory=list)
+    step: int | None = None  # the run step the metrics were logged at (run_eval; None = not logged)
 
     def metrics(self) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -135,6 +137,13 @@ def run_eval(run_id: int, *, data_dir: str, db_url: str, episodes: int = 0, chec
     cfg = load_run_config(run["config"])
     ck = Path(checkpoint) if checkpoint else latest_checkpoint(Path(run["checkpoint_dir"])) if run["checkpoint_dir"] else None
     policy = str(ck / "policy") if ck is not None and (ck / "policy").exists() else checkpoint or resolve_model_path(cfg.actor.path, data_dir)
+    # The step the evaluated weights belong to: a run checkpoint (step_N) logs its eval/* metrics at N; the run's
+    # latest weights at its step; any other model folder (e.g. the starting policy) is printed, never logged
+    # (logging it at the run's step would draw the wrong model into the run's curves).
+    step: int | None = run["step"] if not checkpoint else None
+    if ck is not None:
+        m = re.fullmatch(r"step_(\d+)", ck.name if (ck / "state.pt").exists() else ck.parent.name)
+        step = int(m.group(1)) if m else step
     n = episodes or cfg.run.eval_episodes or 16
     manager = None
     if cfg.uses_experience:
@@ -143,9 +152,11 @@ def run_eval(run_id: int, *, data_dir: str, db_url: str, episodes: int = 0, chec
     roller, router, pool = _roller_for(cfg, policy, manager, min(n, 32))
     try:
         res = evaluate_policy(roller, router, list(cfg.env.names), n=n, seed_offset=cfg.env.eval_seed_offset,
-                              with_experience=(False, True) if manager is not None else (False,), step=run["step"],
+                              with_experience=(False, True) if manager is not None else (False,), step=step or 0,
                               sampled=cfg.run.eval_sampled)
-        store.log_metrics(run_id, run["step"], res.metrics())
+        res.step = step
+        if step is not None:
+            store.log_metrics(run_id, step, res.metrics())
         return res
     finally:
         pool.close()
