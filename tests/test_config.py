@@ -62,3 +62,16 @@ def test_set_replaces_a_mapping_field_but_merges_into_a_section():
     assert cfg.library.manager.diversify == base.library.manager.diversify
     cfg = load_run_config(path, overrides=parse_overrides(["env.names.minihack/Room-5x5=1.0"]))  # one key: added
     assert set(cfg.env.names) == set(base.env.names) | {"minihack/Room-5x5"}
+
+
+def test_grpo_config_is_the_cpu_default_without_experience():
+    """minihack_room_grpo_cpu.yaml is the baseline *of the default*: same env, budget and learner."""
+    from trainers.config import CONFIG_DIR, load_run_config
+
+    a = load_run_config(CONFIG_DIR / "minihack_room_cpu.yaml")
+    b = load_run_config(CONFIG_DIR / "minihack_room_grpo_cpu.yaml")
+    assert b.run.variant == "grpo" and b.rollout.with_experience == 0
+    for sec, f in [("env", "names"), ("env", "max_turns"), ("actor", "lr"), ("actor", "lr_warmup"), ("actor", "temperature"),
+                   ("actor", "path"), ("loss", "aggregation"), ("rollout", "tasks_per_step"), ("rollout", "group_size"),
+                   ("run", "max_steps"), ("run", "warmup_steps"), ("run", "eval_every"), ("run", "eval_episodes")]:
+        assert getattr(getattr(a, sec), f) == getattr(getattr(b, sec), f), f"{sec}.{f}"
