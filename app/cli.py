@@ -198,10 +198,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return 0
     if args.run_id is None:
         raise UserError("give a RUN_ID or --ab-test ID")
-    res = run_eval(args.run_id, data_dir=args.data_dir, db_url=db, episodes=args.episodes, checkpoint=args.checkpoint)
+    res = run_eval(args.run_id, data_dir=args.data_dir, db_url=db, episodes=args.episodes, checkpoint=args.checkpoint,
+                   log=not args.no_log)
     print(res.table())
     print(f"logged as eval/* metrics of run {args.run_id} at step {res.step}" if res.step is not None else
-          "not logged: the weights are not one of the run's checkpoints")
+          "not logged: --no-log" if args.no_log else "not logged: the weights are not one of the run's checkpoints")
     return 0
 
 
@@ -316,6 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("run_id", type=int, nargs="?", help="the run to evaluate (its latest checkpoint)")
     ev.add_argument("--episodes", type=int, default=0, help="episodes per condition (default: the run's eval_episodes)")
     ev.add_argument("--checkpoint", default="", help="a checkpoint folder or model folder instead of the latest")
+    ev.add_argument("--no-log", action="store_true", help="print the table only; the run's eval curves are left as they are")
     ev.add_argument("--ab-test", type=int, metavar="ID", help="run the A/B test with this id (created in the workbench)")
     ev.set_defaults(func=cmd_eval)
 

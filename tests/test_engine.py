@@ -176,3 +176,7 @@ def test_eval_command_logs_checkpoints_at_their_step_and_never_a_foreign_model(t
     out, _ = e.communicate(timeout=600)
     assert e.returncode == 0, out
     assert "not logged" in out and len(store.metrics_since(rid, keys)) == len(after)
+    e = comprl("eval", str(rid), "--episodes", "3", "--no-log", data=tmp_path / "data")
+    out, _ = e.communicate(timeout=600)
+    assert e.returncode == 0, out
+    assert "not logged: --no-log" in out and len(store.metrics_since(rid, keys)) == len(after)

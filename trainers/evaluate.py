@@ -126,7 +126,7 @@ def _roller_for(cfg, policy_path: str, manager, n_slots: int):
     return roller, SlotRouter(slots), pool
 
 
-def run_eval(run_id: int, *, data_dir: str, db_url: str, episodes: int = 0, checkpoint: str = "") -> EvalResult:
+def run_eval(run_id: int, *, data_dir: str, db_url: str, episodes: int = 0, checkpoint: str = "", log: bool = True) -> EvalResult:
     from core.embedding import Embedder
     from core.manager import ExperienceManager
     from trainers.config import load_run_config, resolve_model_path
@@ -144,6 +144,8 @@ def run_eval(run_id: int, *, data_dir: str, db_url: str, episodes: int = 0, chec
     if ck is not None:
         m = re.fullmatch(r"step_(\d+)", ck.name if (ck / "state.pt").exists() else ck.parent.name)
         step = int(m.group(1)) if m else step
+    seed_step = step or 0  # sampling seeds derive from (run seed, step)
+    step = step if log else None
     n = episodes or cfg.run.eval_episodes or 16
     manager = None
     if cfg.uses_experience:
@@ -152,7 +154,7 @@ def run_eval(run_id: int, *, data_dir: str, db_url: str, episodes: int = 0, chec
     roller, router, pool = _roller_for(cfg, policy, manager, min(n, 32))
     try:
         res = evaluate_policy(roller, router, list(cfg.env.names), n=n, seed_offset=cfg.env.eval_seed_offset,
-                              with_experience=(False, True) if manager is not None else (False,), step=step or 0,
+                              with_experience=(False, True) if manager is not None else (False,), step=seed_step,
                               sampled=cfg.run.eval_sampled)
         res.step = step
         if step is not None:
