@@ -80,3 +80,28 @@ def test_report_writes_markdown_and_figures(tmp_path: Path):
     main(["--results-dir", str(res), "--out", str(out)])
     again = (out / "results.md").read_text()
     assert "Our numbers are far below the paper's." in again and "Missing" not in again
+
+
+@pytest.mark.slow
+def test_heldout_compares_policies_on_the_same_seeds(tmp_path: Path):
+    """benchmarks/heldout.py: two policies (here the same folder), both modes, same seeds -> identical rows."""
+    from trainers import prompts as P
+    from trainers.models import build_tiny_qwen2, build_tokenizer, save_model_folder
+
+    tok = build_tokenizer([P.ACTOR_SYSTEM, P.ACTOR_USER, "north east south west"] * 30, vocab_size=400)
+    save_model_folder(build_tiny_qwen2(tok, hidden=32, layers=1, heads=2, kv_heads=1, seed=1), tok, tmp_path / "policy")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("env: {names: {minihack/Room-5x5: 1.0}, max_turns: 3}\nactor: {max_new_tokens: 4}\n")
+    proc = subprocess.run([sys.executable, "benchmarks/heldout.py", "--config", str(cfg), "--episodes", "3",
+                           "--policy", f"a={tmp_path / 'policy'}", "--policy", f"b={tmp_path / 'policy'}",
+                           "--out", str(tmp_path / "h")], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    d = json.loads((tmp_path / "h.json").read_text())
+    assert [(r["policy"], r["mode"], r["n"]) for r in d["rows"]] == [("a", "greedy", 3), ("a", "sampled", 3),
+                                                                      ("b", "greedy", 3), ("b", "sampled", 3)]
+    a, b = d["rows"][1], d["rows"][3]
+    assert (a["successes"], a["mean_actions"]) == (b["successes"], b["mean_actions"]) and b["diff_vs_first"] == 0.0
+    bad = subprocess.run([sys.executable, "benchmarks/heldout.py", "--policy", f"x={tmp_path}"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "NAME=MODEL_FOLDER" in bad.stderr

@@ -93,10 +93,12 @@ def play(roller: Roller, router, specs: list[EpisodeSpec], *, step: int, retriev
 
 
 def evaluate_policy(roller: Roller, router, envs: Sequence[str], *, n: int, seed_offset: int,
-                    with_experience: Sequence[bool] = (False, True), step: int = 0, sampled: bool = False) -> EvalResult:
-    """Conditions `without_exp` / `with_exp` (greedy) and, with `sampled`, `without_exp_sampled` /
-    `with_exp_sampled` (the rollout temperature; sampling seeded by (run seed, step), so reproducible)."""
-    modes = [("", greedy(roller))] + ([("_sampled", roller)] if sampled else [])
+                    with_experience: Sequence[bool] = (False, True), step: int = 0, sampled: bool = False,
+                    greedy_decoding: bool = True) -> EvalResult:
+    """Conditions `without_exp` / `with_exp` (greedy; skipped with `greedy_decoding=False`) and, with
+    `sampled`, `without_exp_sampled` / `with_exp_sampled` (the rollout temperature; sampling seeded by
+    (run seed, step), so reproducible)."""
+    modes = ([("", greedy(roller))] if greedy_decoding else []) + ([("_sampled", roller)] if sampled else [])
     res = EvalResult()
     for suffix, r in modes:
         for flag in with_experience:
