@@ -105,3 +105,27 @@ def test_heldout_compares_policies_on_the_same_seeds(tmp_path: Path):
     bad = subprocess.run([sys.executable, "benchmarks/heldout.py", "--policy", f"x={tmp_path}"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "NAME=MODEL_FOLDER" in bad.stderr
+
+
+def test_moves_counts_bumps_and_moves_per_block(tmp_path: Path):
+    """benchmarks/moves.py on a real store: bumps are moves whose next observation says the way is rock."""
+    from benchmarks.moves import blocks
+    from core.store import ExperienceStore
+
+    store = ExperienceStore(f"sqlite:///{tmp_path / 'workbench.db'}")
+    rid = store.create_run("r")
+    turn = lambda obs, a: {"observation": obs, "action": a, "reward": 0.0, "kind": "action"}  # noqa: E731
+    ep = lambda step, ok, turns: {"run_id": rid, "step": step, "env": "minihack/Room-Ultimate-5x5", "task": "t", "seed": step,  # noqa: E731
+                                  "with_experience": False, "success": ok, "reward": float(ok), "num_actions": len(turns),
+                                  "experience_ids": [], "experience_text": "", "steps": turns}
+    store.add_trajectories([
+        ep(1, False, [turn("start", "west"), turn("Message: It's solid stone.", "west"), turn("It's solid stone.", "north")]),
+        ep(2, True, [turn("start", "north"), turn("floor", "north")]),
+        ep(3, True, [turn("start", "east")]),
+    ])
+    store.close()
+    b = blocks(tmp_path / "workbench.db", block=2)
+    assert [r["steps"] for r in b] == [[1, 2], [3, 4]]
+    assert b[0]["episodes"] == 2 and b[0]["success"] == 0.5 and b[0]["mean_actions"] == 2.5
+    assert b[0]["bump_rate"] == 2 / 5  # the first two wests were each followed by "solid stone"
+    assert b[0]["top_moves"][0] == ["north", 3 / 5] and b[1]["top_moves"] == [["east", 1.0]]
