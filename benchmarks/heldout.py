@@ -50,35 +50,26 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from core.metrics import two_proportion_test
-    from envs.pool import EnvPool
     from trainers.config import load_run_config
-    from trainers.cotrain import SlotRouter, _env_factory
-    from trainers.evaluate import evaluate_policy
-    from trainers.models import HFBackend
-    from trainers.rollout import Roller
+    from trainers.evaluate import _roller_for, evaluate_policy
 
     torch.set_num_threads(1)
     cfg = load_run_config(args.config)
+    cfg.run.seed = args.seed  # the Roller's sampling seed: the same for every policy
     envs = list(cfg.env.names)
-    n_slots = min(args.episodes, 64)
-    slots = [e for e in envs for _ in range(n_slots)]
-    pool = EnvPool([_env_factory(e, cfg) for e in slots], num_workers=2)
     rows: list[dict] = []
-    try:
-        for name, folder in policies:
-            actor = HFBackend(folder, device="cpu", num_threads=1)
-            roller = Roller(actor, pool, None, rollout_cfg=cfg.rollout, actor_cfg=cfg.actor, max_turns=cfg.env.max_turns,
-                            seed=args.seed)
-            t0 = time.time()
-            res = evaluate_policy(roller, SlotRouter(slots), envs, n=args.episodes, seed_offset=cfg.env.eval_seed_offset,
+    for name, folder in policies:
+        roller, router, pool = _roller_for(cfg, folder, None, min(args.episodes, 64))
+        t0 = time.time()
+        try:
+            res = evaluate_policy(roller, router, envs, n=args.episodes, seed_offset=cfg.env.eval_seed_offset,
                                   with_experience=(False,), sampled="sampled" in modes, greedy_decoding="greedy" in modes)
-            for cond, c in res.conditions.items():
-                s = c.summary()
-                rows.append({"policy": name, "folder": folder, "mode": "sampled" if cond.endswith("_sampled") else "greedy",
-                             **s, "seconds": round(time.time() - t0, 1)})
-            print(f"{name}: done in {time.time() - t0:.0f} s", flush=True)
-    finally:
-        pool.close()
+        finally:
+            pool.close()
+        for cond, c in res.conditions.items():
+            rows.append({"policy": name, "folder": folder, "mode": "sampled" if cond.endswith("_sampled") else "greedy",
+                         **c.summary(), "seconds": round(time.time() - t0, 1)})
+        print(f"{name}: done in {time.time() - t0:.0f} s", flush=True)
     ref = {r["mode"]: r for r in rows if r["policy"] == policies[0][0]}
     for r in rows:
         b = ref[r["mode"]]
