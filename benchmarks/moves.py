@@ -70,10 +70,11 @@ def main(argv: list[str] | None = None) -> int:
         if not db.is_file():
             ap.error(f"{db} does not exist: give a run's data folder")
         rows = blocks(db, args.block)
-        res[Path(r).name] = rows
+        label = "/".join(Path(r).resolve().parts[-2:])  # e.g. study_runs/grpo-seed0: names repeat across studies
+        res[label] = rows
         for b in rows:
             top = ", ".join(f"{m} {f:.2f}" for m, f in b["top_moves"])
-            lines.append(f"| {Path(r).name} | {b['steps'][0]}–{b['steps'][1]} | {b['episodes']} | {b['success']:.3f} | "
+            lines.append(f"| {label} | {b['steps'][0]}–{b['steps'][1]} | {b['episodes']} | {b['success']:.3f} | "
                          f"{b['mean_actions']:.2f} | {b['bump_rate']:.3f} | {top} |")
     write_results(args.out, {"benchmark": "moves", "environment": environment(),
                              "argv": ["python", "benchmarks/moves.py", *(argv if argv is not None else sys.argv[1:])],
