@@ -73,5 +73,6 @@ def test_grpo_config_is_the_cpu_default_without_experience():
     assert b.run.variant == "grpo" and b.rollout.with_experience == 0
     for sec, f in [("env", "names"), ("env", "max_turns"), ("actor", "lr"), ("actor", "lr_warmup"), ("actor", "temperature"),
                    ("actor", "path"), ("loss", "aggregation"), ("rollout", "tasks_per_step"), ("rollout", "group_size"),
-                   ("run", "max_steps"), ("run", "warmup_steps"), ("run", "eval_every"), ("run", "eval_episodes")]:
+                   ("run", "max_steps"), ("run", "warmup_steps"), ("run", "eval_every"), ("run", "eval_episodes"),
+                   ("run", "eval_at_start")]:
         assert getattr(getattr(a, sec), f) == getattr(getattr(b, sec), f), f"{sec}.{f}"
