@@ -3,13 +3,17 @@ and the ExperienceManager's cost to rollouts.
 
     python benchmarks/bench_training.py [--quick] [--rounds N] [--data-dir ./comprl_data]
 
-Three kinds of rollout are interleaved, same model, same seeds, and timed side by side:
+Four rollouts per round are interleaved, same model, same seeds, and timed side by side:
   manager  K/2 of each group get the top entry of a real library through the ExperienceManager;
   fixed    the same episodes are handed the very entries the manager returned, with no retrieval
-           work at all (the control: identical prompts, so only the manager's cost differs);
+           work at all (the control: identical prompts and, with seeded sampling, identical tokens,
+           so only the manager's cost differs);
+  fixed2   the control again: fixed2 / fixed is the machine's noise floor for a paired ratio;
   none     no experience (shorter prompts).
 manager / fixed is the paper's "rollout time with the ExperienceManager vs the baseline" (0.98–1.00×
-at their scale; target <= 1.02); manager / none adds the cost of reading longer prompts.
+at their scale; target <= 1.02), reported as the median of the per-round paired ratios with their
+range, next to the same statistic for fixed2 / fixed; manager / none adds the cost of reading longer
+prompts. The learner is timed in the first 3 rounds.
 Writes benchmarks/results/bench_training.json and .md.
 """
 from __future__ import annotations
@@ -81,20 +85,20 @@ def main() -> None:
                                                                       f"Head towards the > diagonally; tip variant {i}."))
                               for i in range(200)], OpContext(env=args.env, task=task))
         roller = Roller(actor, pool, mgr, rollout_cfg=cfg.rollout, actor_cfg=cfg.actor, max_turns=cfg.env.max_turns, seed=0)
-        with_t, without_t, fixed_t, ret_s, eps_s, tok_s, learn = [], [], [], [], [], [], []
+        with_t, without_t, fixed_t, fixed2_t, ret_s, eps_s, tok_s, learn = [], [], [], [], [], [], [], []
         opt = torch.optim.AdamW(actor.trainable_parameters(), lr=1e-9)  # ~no-op steps: speed only, the model stays put
+        orders = [(0, 1, 2, 3), (3, 2, 1, 0), (1, 3, 0, 2), (2, 0, 3, 1), (0, 2, 3, 1), (3, 1, 0, 2)]
         for r in range(rounds):
             specs = [EpisodeSpec(args.env, 1000 * r + t, i < k // 2, t) for t in range(tasks) for i in range(k)]
             base = [EpisodeSpec(s.env, s.seed, False, s.group_id) for s in specs]
             want = [s for s in specs if s.with_experience]
             recorded = mgr.search_sync([task] * len(want), task=[s.env for s in want])  # untimed: what the control replays
-            orders = [(0, 1, 2), (2, 1, 0), (1, 0, 2), (2, 0, 1), (0, 2, 1), (1, 2, 0)]
             for mode in orders[r % len(orders)]:  # rotate the order: no systematic warm-cache bias
-                if mode == 2:
+                if mode in (2, 3):
                     roller.manager = _Fixed(recorded)
                     t0 = time.perf_counter()
                     roller.collect(specs, step=r)
-                    fixed_t.append(time.perf_counter() - t0)
+                    (fixed_t if mode == 2 else fixed2_t).append(time.perf_counter() - t0)
                 elif mode == 0:
                     roller.manager = mgr
                     t0 = time.perf_counter()
@@ -108,24 +112,31 @@ def main() -> None:
                     t0 = time.perf_counter()
                     roller.collect(base, step=r)
                     without_t.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            st = actor_update(actor, opt, eps, cfg.loss, cfg.actor)
-            learn.append((time.perf_counter() - t0, st["policy/tokens"] if "policy/tokens" in st else 0.0))
+            if r < 3:
+                t0 = time.perf_counter()
+                st = actor_update(actor, opt, eps, cfg.loss, cfg.actor)
+                learn.append((time.perf_counter() - t0, st["policy/tokens"] if "policy/tokens" in st else 0.0))
         mgr.close()
         pool.close()
+    env_line = f"env {args.env}; "
     learn_s = median([a for a, _ in learn])
     learn_tok = median([b / a for a, b in learn if a > 0]) if learn else 0.0
     step_s = median(with_t) + learn_s
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    ratio = median(with_t) / median(without_t)
-    overhead = median(with_t) / median(fixed_t)
+    paired = [a / b for a, b in zip(with_t, fixed_t)]       # manager / control, same round
+    noise = [a / b for a, b in zip(fixed2_t, fixed_t)]       # control / control, same round
+    ratio = median([a / b for a, b in zip(with_t, without_t)])
+    overhead = median(paired)
     res = {"benchmark": "training", "environment": environment(), "env": args.env, "episodes_per_step": k * tasks,
            "rollout_episodes_per_s": median(eps_s), "rollout_tokens_per_s": median(tok_s), "learner_tokens_per_s": learn_tok,
            "learner_s": learn_s, "step_s": step_s, "peak_rss_mb": peak_mb, "rollout_s_with_manager": median(with_t),
            "rollout_s_without": median(without_t), "ratio_with_to_without": ratio,
            "rollout_s_fixed_entries": median(fixed_t), "ratio_manager_to_fixed": overhead,
+           "ratio_manager_to_fixed_per_round": paired, "ratio_control_to_control": median(noise),
+           "ratio_control_to_control_per_round": noise,
            "retrieval_share_of_rollout": median(ret_s) / median(with_t), "rounds": rounds,
            "model": actor.describe()}
+    rng = lambda xs: f"{min(xs):.3f}–{max(xs):.3f}"  # noqa: E731
     table = "\n".join([
         "| measure | value |", "|---|---:|",
         f"| episodes per step | {k * tasks} ({tasks} tasks × K={k}) |",
@@ -138,10 +149,12 @@ def main() -> None:
         f"| rollout s with ExperienceManager (K/2 retrieve) | {median(with_t):.2f} |",
         f"| rollout s, same entries handed over without the manager | {median(fixed_t):.2f} |",
         f"| rollout s without experience | {median(without_t):.2f} |",
-        f"| **ratio manager / same entries without it** (target <= 1.02) | **{overhead:.3f}** |",
+        f"| **ratio manager / same entries without it** (target <= 1.02; per-round range) | **{overhead:.3f}** ({rng(paired)}) |",
+        f"| noise floor: the same control run twice, ratio (per-round range) | {median(noise):.3f} ({rng(noise)}) |",
         f"| ratio manager / no experience (adds longer prompts) | {ratio:.3f} |",
         f"| retrieval calls' share of the rollout | {100 * res['retrieval_share_of_rollout']:.2f}% |",
-        "", f"Model: {actor.describe()}; medians of {rounds} interleaved rounds.",
+        "", f"Model: {actor.describe()}; {env_line}medians of {rounds} interleaved rounds of paired ratios "
+        f"(learner: {len(learn)} rounds).",
     ])
     write_results("bench_training", res, table)
 
