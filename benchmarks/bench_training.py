@@ -118,7 +118,6 @@ def main() -> None:
                 learn.append((time.perf_counter() - t0, st["policy/tokens"] if "policy/tokens" in st else 0.0))
         mgr.close()
         pool.close()
-    env_line = f"env {args.env}; "
     learn_s = median([a for a, _ in learn])
     learn_tok = median([b / a for a, b in learn if a > 0]) if learn else 0.0
     step_s = median(with_t) + learn_s
@@ -153,7 +152,7 @@ def main() -> None:
         f"| noise floor: the same control run twice, ratio (per-round range) | {median(noise):.3f} ({rng(noise)}) |",
         f"| ratio manager / no experience (adds longer prompts) | {ratio:.3f} |",
         f"| retrieval calls' share of the rollout | {100 * res['retrieval_share_of_rollout']:.2f}% |",
-        "", f"Model: {actor.describe()}; {env_line}medians of {rounds} interleaved rounds of paired ratios "
+        "", f"Model: {actor.describe()}; env {args.env}; medians of {rounds} interleaved rounds of paired ratios "
         f"(learner: {len(learn)} rounds).",
     ])
     write_results("bench_training", res, table)
