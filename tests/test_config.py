@@ -76,3 +76,17 @@ def test_grpo_config_is_the_cpu_default_without_experience():
                    ("run", "max_steps"), ("run", "warmup_steps"), ("run", "eval_every"), ("run", "eval_episodes"),
                    ("run", "eval_at_start")]:
         assert getattr(getattr(a, sec), f) == getattr(getattr(b, sec), f), f"{sec}.{f}"
+
+
+def test_room_random_config_is_the_default_on_the_lit_room():
+    """minihack_room_random_cpu.yaml is the CPU default with another env, field for field (no drift)."""
+    import dataclasses
+
+    from trainers.config import CONFIG_DIR, load_run_config
+
+    a = dataclasses.asdict(load_run_config(CONFIG_DIR / "minihack_room_cpu.yaml"))
+    b = dataclasses.asdict(load_run_config(CONFIG_DIR / "minihack_room_random_cpu.yaml"))
+    assert (a["env"].pop("names"), b["env"].pop("names")) == ({"minihack/Room-Ultimate-5x5": 1.0},
+                                                              {"minihack/Room-Random-5x5": 1.0})
+    assert (a["run"].pop("name"), b["run"].pop("name")) == ("minihack-room-cpu", "minihack-room-random-cpu")
+    assert a == b
