@@ -5,6 +5,9 @@ and without experience (the shape of the paper's Table 1). Resumable: a finished
     python benchmarks/study.py --variants grpo,static,exp_only,complementary --seeds 0,1,2 --steps 30
     python benchmarks/study.py --variants complementary --ablations --ablation-seeds 0 --steps 30
 
+An interrupted run continues from its latest checkpoint; `--extend` continues finished runs to a larger
+--steps (the same run: its curves, library and start evaluation carry on).
+
 Each run is a real `comprl train` process on the embedded default (configs/minihack_room_cpu.yaml
 unless --config), with `run.eval_at_start` so the starting policy is measured by the same code.
 Models: when <data-dir>/models/{policy,extractor} exist, every run's data dir links `models` to them;
@@ -130,18 +133,44 @@ def eval_n(run: dict, fallback: int) -> int:
         return fallback
 
 
+def resumable_run(data: Path) -> tuple[int, int] | None:
+    """(run id, checkpointed step) of the run an earlier invocation left in `data`, if it has a checkpoint."""
+    from core.store import ExperienceStore
+    from trainers.engine import latest_checkpoint
+
+    if not (data / "workbench.db").is_file():
+        return None
+    store = ExperienceStore(f"sqlite:///{data / 'workbench.db'}")
+    try:
+        runs = store.list_runs()
+    finally:
+        store.close()
+    for run in sorted(runs, key=lambda r: r["id"]):  # the study makes one run per data dir: the first
+        ckpt = latest_checkpoint(Path(run["checkpoint_dir"])) if run.get("checkpoint_dir") else None
+        if ckpt is not None:
+            return run["id"], int(ckpt.name.rsplit("_", 1)[-1])
+        return None
+    return None
+
+
 def run_one(name: str, config: Path, sets: list[str], data: Path, log: Path, timeout: int, models: Path | None,
             eval_episodes: int) -> dict:
-    """One `comprl train` in its own data dir (its own library); returns its start and end eval metrics and curves."""
+    """One `comprl train` in its own data dir (its own library); returns its start and end eval metrics and curves.
+    A run an earlier invocation left there (interrupted, or finished with fewer steps: --extend) continues from
+    its latest checkpoint with `--resume`, so its curves, library and start evaluation carry on."""
     from core.store import ExperienceStore
 
     data.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "app.cli", "train", str(config), "--data-dir", str(data), "--name", name,
            "--set", "run.eval_at_start=true"] + [a for s in sets for a in ("--set", s)]
+    prior = resumable_run(data)
+    if prior is not None:
+        cmd[cmd.index("--name"):cmd.index("--name")] = ["--resume", str(prior[0])]
+        print(f"   continuing run {prior[0]} of {data.name} from its step-{prior[1]} checkpoint", flush=True)
     if models is not None and not (data / "models").exists():  # share the built models instead of rebuilding per run
         (data / "models").symlink_to(models.resolve(), target_is_directory=True)
     t0 = time.time()
-    with log.open("w") as f:
+    with log.open("a" if prior is not None else "w") as f:
         rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=timeout,
                             env={**os.environ, "HF_HUB_OFFLINE": "1"}).returncode
     if rc != 0:
@@ -160,7 +189,7 @@ def run_one(name: str, config: Path, sets: list[str], data: Path, log: Path, tim
     return {"name": name, "start": pick(first), "end": pick(last), "steps": run["step"], "seconds": time.time() - t0,
             "eval_n": eval_n(run, eval_episodes), "library_size": lib.get("library/size"),
             "extractor_updates": lib.get("extractor/updates"), "merges": lib.get("library/merges"),
-            "command": cmd, "curves": curves}
+            "command": cmd, "curves": curves, **({"continued_from_step": prior[1]} if prior is not None else {})}
 
 
 def mean_sd(xs: list[float]) -> str:
@@ -225,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", default=str(ROOT / "configs" / "minihack_room_cpu.yaml"))
     ap.add_argument("--variants", default="grpo,complementary", help=f"comma-separated, of {','.join(VARIANTS)}")
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=None, help="steps per run (default 30; 2 with --quick)")
     ap.add_argument("--eval-episodes", type=int, default=32)
     ap.add_argument("--ablations", action="store_true", help="also run complementary with each ablation switch")
     ap.add_argument("--ablation-seeds", default="0", help="seeds of the ablation runs (fewer than --seeds is usual)")
@@ -234,12 +263,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results-dir", default=str(RESULTS), help="where <name>.json/.md and <name>_runs/ go")
     ap.add_argument("--data-dir", default=str(ROOT / "comprl_data"), help="where built models are taken from (<data-dir>/models)")
     ap.add_argument("--timeout", type=int, default=4 * 3600)
+    ap.add_argument("--extend", action="store_true",
+                    help="continue finished runs that have fewer than --steps from their last checkpoint (same library)")
     argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
     if args.quick:
-        args.variants, args.seeds, args.steps, args.eval_episodes = "grpo,complementary", "0", 2, 4
+        args.variants, args.seeds, args.eval_episodes = "grpo,complementary", "0", 4
+        args.steps = args.steps or 2
         args.ablation_seeds = "0"
         args.set = QUICK_SETS + args.set
+    args.steps = args.steps or 30
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     bad = [v for v in variants if v not in VARIANTS]
     if bad:
@@ -262,18 +295,24 @@ def main(argv: list[str] | None = None) -> int:
         variant = label.split("-")[0]
         tag = f"{label}-seed{seed}"
         done = work / f"{tag}.json"
+        before = None
         if done.exists():  # resumable
             r = json.loads(done.read_text())
             if "curves" not in r and (work / tag / "workbench.db").exists():  # a run from before curves were saved
                 r["curves"] = curves_of(work / tag)
                 done.write_text(json.dumps(r, indent=2))
-            results.append(r)
-            continue
+            if not (args.extend and r.get("steps", 0) < args.steps):
+                results.append(r)
+                continue
+            before = r  # --extend: continue this finished run to --steps
         sets = [f"run.variant={variant}", f"run.seed={seed}", f"run.max_steps={args.steps}",
                 f"run.eval_episodes={args.eval_episodes}", "run.checkpoint_every=1000", *model_sets, *args.set, *extra]
         print(f"== {tag}", flush=True)
         r = run_one(tag, config, sets, work / tag, work / f"{tag}.log", args.timeout, models, args.eval_episodes)
         r.update({"label": label, "variant": variant, "seed": seed, "commit": env["commit"]})
+        if before is not None:  # extended: the time and commits of every invocation
+            r["seconds"] += before.get("seconds", 0.0)
+            r["commit"] = ", ".join(dict.fromkeys([*(before.get("commit") or "?").split(", "), env["commit"]]))
         done.write_text(json.dumps(r, indent=2))
         results.append(r)
     write_results(name, {"benchmark": name, "environment": env, "argv": ["python", "benchmarks/study.py", *argv],

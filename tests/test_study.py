@@ -41,6 +41,24 @@ def test_quick_study_on_a_fresh_data_dir(tmp_path: Path):
     assert "| grpo | 1 |" in md and "| complementary | 1 |" in md and "95% CI" in md
     assert not (tmp_path / "nodata").exists()  # models come from the tiny build, nothing is written there
 
+    # --extend: the finished runs continue from their step-2 checkpoints to step 3, as the same runs
+    proc = subprocess.run([sys.executable, "benchmarks/study.py", "--quick", "--extend", "--steps", "3", "--results-dir",
+                           str(res), "--data-dir", str(tmp_path / "nodata")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("from its step-2 checkpoint") == 2
+    d2 = json.loads((res / "study_quick.json").read_text())
+    for before, r in zip(d["runs"], d2["runs"]):
+        assert r["steps"] == 3 and r["continued_from_step"] == 2 and r["seconds"] > before["seconds"]
+        assert r["start"] == before["start"]  # the step-0 evaluation of the first invocation
+        assert [s for s, _ in r["curves"]["policy/success_without_exp"]] == [1, 2, 3]
+        assert [s for s, _ in r["curves"]["eval/success_without_exp"]] == [0, 2, 3]
+        assert "resumed from step 2" in (res / "study_quick_runs" / f"{r['label']}-seed0.log").read_text()
+    db = res / "study_quick_runs" / "complementary-seed0" / "workbench.db"
+    import sqlite3
+    with sqlite3.connect(db) as con:
+        assert con.execute("select count(*) from runs").fetchone()[0] == 1  # continued, not a second run
+
 
 def _curve(start: float, end: float) -> list[list[float]]:
     return [[s, start + (end - start) * s / 3] for s in range(1, 4)]

@@ -196,7 +196,8 @@ def train(ctx: RunContext) -> None:
                 checkpoint(step)
             if eval_due:
                 ctx.log(step, evaluate_run(cfg, roller, router, manager, step))
-        if status == "finished" and cfg.run.eval_episodes:
+        last_evaluated = bool(cfg.run.eval_every and step % cfg.run.eval_every == 0 and step > ctx.start_step)
+        if status == "finished" and cfg.run.eval_episodes and not last_evaluated:  # the last step is evaluated once
             ctx.log(step, evaluate_run(cfg, roller, router, manager, step))
     except Exception as e:  # the run fails, but its state is kept for a resume
         status, error = "failed", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
