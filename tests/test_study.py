@@ -59,6 +59,27 @@ def test_quick_study_on_a_fresh_data_dir(tmp_path: Path):
     with sqlite3.connect(db) as con:
         assert con.execute("select count(*) from runs").fetchone()[0] == 1  # continued, not a second run
 
+    # benchmarks/heldout.py --run: a run's end checkpoint without and with its own library, beside the start
+    runs = res / "study_quick_runs"
+    cfg = tmp_path / "quick.yaml"
+    cfg.write_text("env: {names: {minihack/Room-Ultimate-5x5: 1.0}, max_turns: 6}\n")
+    proc = subprocess.run([sys.executable, "benchmarks/heldout.py", "--config", str(cfg), "--episodes", "3", "--modes", "greedy",
+                           "--policy", f"start={runs / '_models' / 'models' / 'policy'}", "--run", f"comp={runs / 'complementary-seed0'}",
+                           "--run", f"grpo={runs / 'grpo-seed0'}", "--out", str(tmp_path / "h")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    h = json.loads((tmp_path / "h.json").read_text())
+    assert [(r["policy"], r["experience"], r["n"]) for r in h["rows"]] == [("start", False, 3), ("comp", False, 3),
+                                                                           ("comp", True, 3), ("grpo", False, 3)]
+    assert h["rows"][1]["folder"].endswith("step_000003/policy")
+    assert [g["policy"] for g in h["gaps"]] == ["comp"] and "with − without" in (tmp_path / "h.md").read_text()
+    bad = subprocess.run([sys.executable, "benchmarks/heldout.py", "--config", str(cfg), "--run", f"x={tmp_path}"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "has no workbench.db" in bad.stderr
+    bad = subprocess.run([sys.executable, "benchmarks/heldout.py", "--run", f"c={runs / 'complementary-seed0'}"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert bad.returncode == 2 and "with 6 turns" in bad.stderr  # the default config's turn limit differs from the run's
+
 
 def _curve(start: float, end: float) -> list[list[float]]:
     return [[s, start + (end - start) * s / 3] for s in range(1, 4)]
