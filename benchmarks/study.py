@@ -47,6 +47,8 @@ VARIANTS = ("grpo", "static", "exp_only", "complementary")  # METHOD.md "Baselin
 CURVES = ("policy/success_with_exp", "policy/success_without_exp", "policy/reward_with_exp", "policy/reward_without_exp",
           "policy/actions_with_exp", "policy/actions_without_exp", "policy/entropy", "policy/frac_nonzero_adv",
           "extractor/reward_mean", "extractor/updates", "library/size")  # plus every eval/* key
+FULL_CONFIGS = ("configs/minihack_room_cpu.yaml", "configs/alfworld_cpu.yaml")  # the issue's two environments
+FULL_MULTITASK = "configs/multitask_cpu.yaml"  # one complementary run over MiniHack + ALFWorld + WebShop
 QUICK_SETS = ["rollout.tasks_per_step=1", "rollout.group_size=4", "rollout.with_experience=2", "env.max_turns=6",
               "extractor.buffer_size=4", "extractor.merge_every=2", "run.warmup_steps=0", "run.eval_every=0"]
 
@@ -248,12 +250,103 @@ def table(results: list[dict], args: argparse.Namespace, commit: str) -> str:
     return "\n".join(lines)
 
 
+def build_plan(configs: list[Path], variants: list[str], seeds: list[int], ablations: bool, ablation_seeds: list[int],
+               multitask: Path | None) -> list[dict]:
+    """Every run of the study, in order: variants × seeds on each config, then (on the first config) the
+    ablations, then the multi-task run. Labels on the first config are the variant names; other configs'
+    labels are prefixed with the config's file stem (e.g. `alfworld_cpu-grpo`)."""
+    plan = []
+    for i, config in enumerate(configs):
+        prefix = "" if i == 0 else f"{config.stem}-"
+        plan += [{"config": config, "label": f"{prefix}{v}", "variant": v, "seed": s, "extra": []} for v in variants for s in seeds]
+    if ablations:
+        plan += [{"config": configs[0], "label": f"complementary-{a}", "variant": "complementary", "seed": s, "extra": list(extra)}
+                 for a, extra in ABLATIONS.items() for s in ablation_seeds]
+    if multitask is not None:
+        plan.append({"config": multitask, "label": f"{multitask.stem}-complementary", "variant": "complementary",
+                     "seed": seeds[0], "extra": []})
+    return plan
+
+
+def run_sets(item: dict, steps: int, eval_episodes: int, model_sets: list[str], user_sets: list[str]) -> list[str]:
+    return [f"run.variant={item['variant']}", f"run.seed={item['seed']}", f"run.max_steps={steps}",
+            f"run.eval_episodes={eval_episodes}", "run.checkpoint_every=1000", *model_sets, *user_sets, *item["extra"]]
+
+
+def measured_costs(results_dir: Path) -> dict:
+    """Seconds per training episode and per evaluation episode on this machine, from bench_training.json
+    (a grpo step of the CPU default: rollout + learner; the rollout's episodes/s for evaluation)."""
+    try:
+        b = json.loads((results_dir / "bench_training.json").read_text())
+        return {"train_s_per_episode": b["step_s"] / b["episodes_per_step"], "eval_s_per_episode": 1.0 / b["rollout_episodes_per_s"],
+                "rollout_s_per_episode": (b["step_s"] - b["learner_s"]) / b["episodes_per_step"],
+                "source": f"bench_training.json (commit {b.get('environment', {}).get('commit', '?')}, {b['env']})"}
+    except (OSError, KeyError, ValueError, ZeroDivisionError):
+        return {"train_s_per_episode": 1.30, "eval_s_per_episode": 0.37, "rollout_s_per_episode": 0.37,
+                "source": "the figures measured at commit e98e850 (no bench_training.json here)"}
+
+
+def estimate(item: dict, steps: int, sets: list[str], costs: dict) -> dict:
+    """Episodes and seconds one run will take, from its resolved config and the measured per-episode costs."""
+    from trainers.config import load_run_config, parse_overrides
+
+    over = parse_overrides(["run.eval_at_start=true", *sets])
+    over.setdefault("run", {})["max_steps"] = steps
+    cfg = load_run_config(item["config"], overrides=over)
+    per_step = cfg.rollout.tasks_per_step * cfg.rollout.group_size
+    evals = 1 + (steps // cfg.run.eval_every if cfg.run.eval_every else 0)
+    if not (cfg.run.eval_every and steps % cfg.run.eval_every == 0):
+        evals += 1  # the final evaluation
+    per_eval = cfg.run.eval_episodes * len(cfg.env.names) * (2 if cfg.uses_experience else 1) * (2 if cfg.run.eval_sampled else 1)
+    train_eps, eval_eps = per_step * steps, per_eval * evals if cfg.run.eval_episodes else 0
+    per_episode = costs["train_s_per_episode"] if cfg.trains_actor else costs["rollout_s_per_episode"]  # exp_only: no actor update
+    return {"episodes_per_step": per_step, "train_episodes": train_eps, "eval_episodes": eval_eps,
+            "seconds": train_eps * per_episode + eval_eps * costs["eval_s_per_episode"],
+            "seconds_per_step": per_step * per_episode,
+            "seconds_eval": eval_eps * costs["eval_s_per_episode"]}
+
+
+def plan_text(plan: list[dict], steps: int, ests: list[dict], costs: dict) -> str:
+    total = sum(e["seconds"] for e in ests)
+    lines = [f"{len(plan)} runs of {steps} steps; estimate from {costs['source']}: "
+             f"{costs['train_s_per_episode']:.2f} s per training episode, {costs['eval_s_per_episode']:.2f} s per evaluation "
+             f"episode ({costs['rollout_s_per_episode']:.2f} s for exp_only, which does not update the actor), one run at a "
+             f"time, nothing else on the machine. Experience variants also train the extractor and merge, and ALFWorld prompts "
+             f"are longer, so their runs take longer than this.", "",
+             "| run | config | episodes/step | training episodes | evaluation episodes | estimate |", "|---|---|---:|---:|---:|---:|"]
+    for item, e in zip(plan, ests):
+        lines.append(f"| {item['label']}-seed{item['seed']} | {item['config'].name} | {e['episodes_per_step']} | "
+                     f"{e['train_episodes']} | {e['eval_episodes']} | {e['seconds'] / 60:.0f} min |")
+    lines.append(f"| **total** | | | {sum(e['train_episodes'] for e in ests)} | {sum(e['eval_episodes'] for e in ests)} | "
+                 f"**{total / 3600:.1f} h** |")
+    return "\n".join(lines)
+
+
+def fit_steps(plan: list[dict], budget_h: float, sets_of, costs: dict) -> int:
+    """The most steps per run (at least 1) whose estimated study time fits the budget."""
+    one = [estimate(item, 1, sets_of(item, 1), costs) for item in plan]
+    fixed = sum(e["seconds_eval"] for e in one)  # the start and final evaluations (no periodic ones at 1 step)
+    per_step = sum(e["seconds_per_step"] for e in one)
+    steps = max(1, int((budget_h * 3600 - fixed) // per_step))
+    while steps > 1 and sum(estimate(item, steps, sets_of(item, steps), costs)["seconds"] for item in plan) > budget_h * 3600:
+        steps -= 1  # the periodic evaluations (run.eval_every) come on top of the linear guess
+    return steps
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="a smoke run: tiny budget, one seed, tiny models if none are built")
-    ap.add_argument("--config", default=str(ROOT / "configs" / "minihack_room_cpu.yaml"))
-    ap.add_argument("--variants", default="grpo,complementary", help=f"comma-separated, of {','.join(VARIANTS)}")
-    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--config", default=str(ROOT / "configs" / "minihack_room_cpu.yaml"),
+                    help="a run config, or several comma-separated (variants × seeds on each; ablations on the first)")
+    ap.add_argument("--multitask", default="", help="also one complementary run on this (multi-task) config")
+    ap.add_argument("--full", action="store_true",
+                    help=f"the whole design: all variants, seeds 0,1,2, on {' and '.join(FULL_CONFIGS)}, the ablations and "
+                         f"a multi-task run on {FULL_MULTITASK} (explicit --variants/--seeds/--config still win)")
+    ap.add_argument("--plan", action="store_true", help="print the runs and the estimated time, run nothing")
+    ap.add_argument("--budget-hours", type=float, default=0.0,
+                    help="choose --steps so that the estimated study time fits this many hours")
+    ap.add_argument("--variants", default=None, help=f"comma-separated, of {','.join(VARIANTS)}")
+    ap.add_argument("--seeds", default=None, help="comma-separated (default 0,1,2)")
     ap.add_argument("--steps", type=int, default=None, help="steps per run (default 30; 2 with --quick)")
     ap.add_argument("--eval-episodes", type=int, default=32)
     ap.add_argument("--ablations", action="store_true", help="also run complementary with each ablation switch")
@@ -272,7 +365,17 @@ def main(argv: list[str] | None = None) -> int:
         args.steps = args.steps or 2
         args.ablation_seeds = "0"
         args.set = QUICK_SETS + args.set
-    args.steps = args.steps or 30
+    explicit_config = any(a == "--config" or a.startswith("--config=") for a in argv)
+    if args.full:
+        args.variants = args.variants or ",".join(VARIANTS)
+        args.ablations = True
+        args.multitask = args.multitask or str(ROOT / FULL_MULTITASK)
+        if not explicit_config:
+            args.config = ",".join(str(ROOT / c) for c in FULL_CONFIGS)
+    args.variants = args.variants or "grpo,complementary"
+    args.seeds = args.seeds or "0,1,2"
+    if args.budget_hours and args.steps:
+        ap.error("give --steps or --budget-hours, not both")
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     bad = [v for v in variants if v not in VARIANTS]
     if bad:
@@ -281,18 +384,30 @@ def main(argv: list[str] | None = None) -> int:
     ablation_seeds = [int(x) for x in args.ablation_seeds.split(",")]
     name = args.out or ("study_quick" if args.quick else "study")
     results_dir = Path(args.results_dir).resolve()
-    config = Path(args.config).resolve()
+    configs = [Path(c.strip()).resolve() for c in args.config.split(",") if c.strip()]
+    multitask = Path(args.multitask).resolve() if args.multitask else None
+    for c in configs + ([multitask] if multitask else []):
+        if not c.is_file():
+            ap.error(f"no config file {c}")
+    config = configs[0]
+    plan = build_plan(configs, variants, seeds, args.ablations, ablation_seeds, multitask)
+    costs = measured_costs(results_dir)
+    if args.budget_hours:
+        args.steps = fit_steps(plan, args.budget_hours, lambda item, st: run_sets(item, st, args.eval_episodes, [], args.set), costs)
+        print(f"--budget-hours {args.budget_hours:g}: {args.steps} steps per run", flush=True)
+    args.steps = args.steps or 30
+    if args.plan:
+        print(plan_text(plan, args.steps, [estimate(item, args.steps, run_sets(item, args.steps, args.eval_episodes, [], args.set), costs)
+                                           for item in plan], costs))
+        return 0
     work = results_dir / f"{name}_runs"
     work.mkdir(parents=True, exist_ok=True)
     t_study = time.time()
     env = environment()
     models, model_sets = prepare_models(Path(args.data_dir).expanduser().resolve(), work, args.quick, config)
-    plan = [(v, s, []) for v in variants for s in seeds]
-    if args.ablations:
-        plan += [(f"complementary-{a}", s, extra) for a, extra in ABLATIONS.items() for s in ablation_seeds]
     results = []
-    for label, seed, extra in plan:
-        variant = label.split("-")[0]
+    for item in plan:
+        label, variant, seed = item["label"], item["variant"], item["seed"]
         tag = f"{label}-seed{seed}"
         done = work / f"{tag}.json"
         before = None
@@ -305,11 +420,11 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(r)
                 continue
             before = r  # --extend: continue this finished run to --steps
-        sets = [f"run.variant={variant}", f"run.seed={seed}", f"run.max_steps={args.steps}",
-                f"run.eval_episodes={args.eval_episodes}", "run.checkpoint_every=1000", *model_sets, *args.set, *extra]
+        sets = run_sets(item, args.steps, args.eval_episodes, model_sets, args.set)
         print(f"== {tag}", flush=True)
-        r = run_one(tag, config, sets, work / tag, work / f"{tag}.log", args.timeout, models, args.eval_episodes)
-        r.update({"label": label, "variant": variant, "seed": seed, "commit": env["commit"]})
+        r = run_one(tag, item["config"], sets, work / tag, work / f"{tag}.log", args.timeout, models, args.eval_episodes)
+        r.update({"label": label, "variant": variant, "seed": seed, "commit": env["commit"],
+                  "config": str(item["config"].relative_to(ROOT)) if item["config"].is_relative_to(ROOT) else str(item["config"])})
         if before is not None:  # extended: the time and commits of every invocation
             r["seconds"] += before.get("seconds", 0.0)
             r["commit"] = ", ".join(dict.fromkeys([*(before.get("commit") or "?").split(", "), env["commit"]]))

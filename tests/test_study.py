@@ -81,6 +81,33 @@ def test_quick_study_on_a_fresh_data_dir(tmp_path: Path):
     assert bad.returncode == 2 and "with 6 turns" in bad.stderr  # the default config's turn limit differs from the run's
 
 
+def test_full_plan_lists_the_whole_design_and_fits_a_budget(tmp_path: Path):
+    """--full --plan: every run of the issue's design with its estimate; --budget-hours picks the steps that fit."""
+    def plan(*extra: str) -> str:
+        proc = subprocess.run([sys.executable, "benchmarks/study.py", "--full", "--plan", "--results-dir", str(tmp_path), *extra],
+                              cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc.stdout
+
+    out = plan("--steps", "30")
+    rows = [ln for ln in out.splitlines() if ln.startswith("| ") and "-seed" in ln]
+    assert out.startswith("31 runs of 30 steps") and len(rows) == 31
+    for v in ("grpo", "static", "exp_only", "complementary"):
+        assert sum(f"| {v}-seed" in r for r in rows) == 3 and sum(f"| alfworld_cpu-{v}-seed" in r for r in rows) == 3
+    assert sum("| complementary-no_" in r or "| complementary-joint" in r or "| complementary-all_" in r for r in rows) == 6
+    assert any("| multitask_cpu-complementary-seed0 | multitask_cpu.yaml | 24 |" in r for r in rows)
+    assert "| grpo-seed0 | minihack_room_cpu.yaml | 128 | 3840 |" in out  # 16 tasks × K=8, 30 steps
+    total = lambda text: float(text.split("**total**")[1].split("**")[1].removesuffix(" h"))  # noqa: E731
+    assert total(out) > 20  # the whole design at a learning budget is a day of this machine
+    fit = plan("--budget-hours", "3")
+    steps = int(fit.split("--budget-hours 3: ")[1].split(" steps")[0])
+    assert 1 <= steps < 30 and total(fit) <= 3.0
+    assert f"31 runs of {steps} steps" in fit
+    bad = subprocess.run([sys.executable, "benchmarks/study.py", "--plan", "--config", str(tmp_path / "none.yaml")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "no config file" in bad.stderr
+
+
 def _curve(start: float, end: float) -> list[list[float]]:
     return [[s, start + (end - start) * s / 3] for s in range(1, 4)]
 
