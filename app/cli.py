@@ -209,7 +209,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_models(args: argparse.Namespace) -> int:
     from trainers.warmstart import models_command
 
-    return models_command(args.action, args.data_dir, force=args.force)
+    envs = [e.strip() for e in (args.envs or "").split(",") if e.strip()]
+    if envs and args.action != "init":
+        raise UserError("--envs applies to `comprl models init` only")
+    try:
+        return models_command(args.action, args.data_dir, force=args.force, envs=envs or None)
+    except ValueError as e:
+        raise UserError(str(e)) from None
 
 
 def cmd_envs(args: argparse.Namespace) -> int:
@@ -325,6 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(mo)
     mo.add_argument("action", choices=["init", "list"])
     mo.add_argument("--force", action="store_true", help="rebuild even if the models exist")
+    mo.add_argument("--envs", default="", help="comma-separated envs the warm start plays instead of the default's "
+                                               "(minihack/* or alfworld/*; use the built folders by path in a config)")
     mo.set_defaults(func=cmd_models)
 
     envs = subs.add_parser("envs", help="list the registered environments")

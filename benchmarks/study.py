@@ -85,6 +85,15 @@ def prepare_models(data_dir: Path, work: Path, quick: bool, config: Path) -> tup
             built = json.loads((models / "policy" / MARKER).read_text()).get("hash")
         except (OSError, json.JSONDecodeError):
             built = None
+        try:
+            envs = json.loads((models / "policy" / MARKER).read_text())["config"]["envs"]
+        except (OSError, json.JSONDecodeError, KeyError, TypeError):
+            envs = None
+        if built != WarmStartConfig().digest() and envs is not None and envs != WarmStartConfig().envs:
+            # a warm start on other envs (`comprl models init --envs ...`): named by path, so that no run's
+            # ensure_models rebuilds the default over it
+            print(f"models warm-started on {', '.join(envs)} ({models})", flush=True)
+            return models, [f"actor.path={models / 'policy'}", f"extractor.model.path={models / 'extractor'}"]
         if built != WarmStartConfig().digest():  # comprl train's ensure_models would rebuild them through the link
             print(f"note: {models} was not built with the current default WarmStartConfig; the first run "
                   "rebuilds it there (about 10 minutes)", flush=True)
@@ -322,6 +331,25 @@ def plan_text(plan: list[dict], steps: int, ests: list[dict], costs: dict) -> st
     return "\n".join(lines)
 
 
+def unseen_families(plan: list[dict], models: Path) -> list[str]:
+    """Warnings for configs whose env families (minihack, alfworld, webshop, swe) the warm start of the
+    shared models never played: such runs start from a policy that has never seen those tasks."""
+    from trainers.config import load_run_config
+    from trainers.warmstart import MARKER
+
+    try:
+        seen = {e.split("/")[0] for e in json.loads((models / "policy" / MARKER).read_text())["config"]["envs"]}
+    except (OSError, KeyError, TypeError, ValueError):
+        return []
+    out = []
+    for config in dict.fromkeys(item["config"] for item in plan):
+        fams = sorted({e.split("/")[0] for e in load_run_config(config).env.names} - seen)
+        if fams:
+            out.append(f"warning: {config.name} plays {', '.join(fams)}, which the warm start of {models} never played "
+                       f"(it played {', '.join(sorted(seen))}): those runs start from a policy that has not seen the task")
+    return out
+
+
 def fit_steps(plan: list[dict], budget_h: float, sets_of, costs: dict) -> int:
     """The most steps per run (at least 1) whose estimated study time fits the budget."""
     one = [estimate(item, 1, sets_of(item, 1), costs) for item in plan]
@@ -397,6 +425,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--budget-hours {args.budget_hours:g}: {args.steps} steps per run", flush=True)
     args.steps = args.steps or 30
     if args.plan:
+        for w in unseen_families(plan, Path(args.data_dir).expanduser().resolve() / "models"):
+            print(w)
         print(plan_text(plan, args.steps, [estimate(item, args.steps, run_sets(item, args.steps, args.eval_episodes, [], args.set), costs)
                                            for item in plan], costs))
         return 0
@@ -405,6 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     t_study = time.time()
     env = environment()
     models, model_sets = prepare_models(Path(args.data_dir).expanduser().resolve(), work, args.quick, config)
+    for w in unseen_families(plan, models) if models is not None else []:
+        print(w, flush=True)
     results = []
     for item in plan:
         label, variant, seed = item["label"], item["variant"], item["seed"]

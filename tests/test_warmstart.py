@@ -250,3 +250,33 @@ def test_merge_teacher_chunks_parse_with_the_runs_parser(ultimate_demos):
             else:
                 assert p.kind == "discard" and all(demos[0].task not in entries[i] for i in op["idx_list"])
     assert "merge" in kinds
+
+
+@pytest.mark.slow
+def test_alfworld_warm_start_builds_and_the_study_names_it_by_path(tmp_path, monkeypatch):
+    """A warm start on ALFWorld (`comprl models init --envs alfworld/...`): the scripted ALFWorld expert's
+    demonstrations train loadable models, and the study passes them by path (embedded: means the default)."""
+    import sys
+
+    cfg = tiny(envs=["alfworld/pick_and_place"])
+    paths = W.ensure_models(tmp_path, cfg, progress=False)
+    marker = json.loads((paths["policy"] / W.MARKER).read_text())
+    assert marker["config"]["envs"] == ["alfworld/pick_and_place"]
+    assert set(marker["results"]["policy"]["eval"]) == {f"alfworld/pick_and_place/{c}" for c in ("none", "correct", "wrong")}
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks.study import prepare_models, unseen_families
+
+    models, sets = prepare_models(tmp_path, tmp_path / "work", False, Path("configs/alfworld_cpu.yaml"))
+    assert models == tmp_path / "models"
+    assert sets == [f"actor.path={paths['policy']}", f"extractor.model.path={paths['extractor']}"]
+    plan = [{"config": Path(__file__).resolve().parents[1] / c} for c in ("configs/alfworld_cpu.yaml", "configs/minihack_room_cpu.yaml")]
+    warn = unseen_families(plan, models)
+    assert len(warn) == 1 and warn[0].startswith("warning: minihack_room_cpu.yaml plays minihack")
+
+
+def test_models_init_rejects_envs_without_an_expert(tmp_path):
+    with pytest.raises(ValueError, match="unknown env"):
+        W.models_command("init", str(tmp_path), envs=["alfworld/nope"])
+    with pytest.raises(ValueError, match="no warm-start demonstrations"):
+        W.models_command("init", str(tmp_path), envs=["webshop"])
+    assert not (tmp_path / "models").exists()
