@@ -240,8 +240,8 @@ def table(results: list[dict], args: argparse.Namespace, commit: str) -> str:
              f"Study written at commit {commit}; the commit column is the one each run was made with.", "",
              "| variant | seeds | success without exp (start → end) | without, end pooled [95% CI] | success with exp (start → end) "
              "| with, end pooled [95% CI] | sampled without (start → end) | sampled with (start → end) "
-             "| actions without (start → end) | actions with (start → end) | library | extractor updates | commit |",
-             "|---|---:|---|---|---|---|---|---|---|---|---:|---:|---|"]
+             "| actions without (start → end) | actions with (start → end) | library | extractor updates | hours per run | commit |",
+             "|---|---:|---|---|---|---|---|---|---|---|---:|---:|---:|---|"]
     for lab in labels:
         rs = [r for r in results if r["label"] == lab]
         col = lambda when, k: [r[when].get(k) for r in rs]  # noqa: E731
@@ -255,7 +255,8 @@ def table(results: list[dict], args: argparse.Namespace, commit: str) -> str:
             f"{mean_sd(col('start', 'success_with_exp_sampled'))} → {mean_sd(col('end', 'success_with_exp_sampled'))} | "
             f"{mean_of(col('start', 'actions_without_exp'))} → {mean_of(col('end', 'actions_without_exp'))} | "
             f"{mean_of(col('start', 'actions_with_exp'))} → {mean_of(col('end', 'actions_with_exp'))} | "
-            f"{mean_sd([r.get('library_size') for r in rs])} | {mean_sd([r.get('extractor_updates') for r in rs])} | {commits} |")
+            f"{mean_sd([r.get('library_size') for r in rs])} | {mean_sd([r.get('extractor_updates') for r in rs])} | "
+            f"{mean_of([r['seconds'] / 3600 if r.get('seconds') else None for r in rs])} | {commits} |")
     return "\n".join(lines)
 
 
