@@ -80,6 +80,17 @@ def test_two_step_run_end_to_end(tmp_path, models, deterministic):
     assert store.get_run(run["id"])["step"] == 2  # the parent is untouched
 
 
+def test_the_last_step_is_evaluated_once(tmp_path, models):
+    """eval_every dividing max_steps: the periodic evaluation at the last step is the final one (not played twice)."""
+    cfg = write_config(tmp_path / "c.yaml", models, variant="grpo")
+    p = comprl("train", str(cfg), "--set", "run.eval_every=1", "--set", "run.eval_at_start=true", data=tmp_path / "data")
+    out, _ = p.communicate(timeout=600)
+    assert p.returncode == 0, out
+    store = ExperienceStore(f"sqlite:///{tmp_path / 'data' / 'workbench.db'}")
+    rows = store.metrics_since(store.list_runs()[0]["id"], ["eval/success_without_exp"])
+    assert [s for _, _, s, _, _ in rows] == [0, 1, 2]
+
+
 def test_bad_config_stops_before_any_work(tmp_path, models):
     bad = write_config(tmp_path / "bad.yaml", models, extra="loss: {ratio_level: per-word}")
     p = comprl("train", str(bad), data=tmp_path / "data")
