@@ -210,10 +210,11 @@ def cmd_models(args: argparse.Namespace) -> int:
     from trainers.warmstart import models_command
 
     envs = [e.strip() for e in (args.envs or "").split(",") if e.strip()]
-    if envs and args.action != "init":
-        raise UserError("--envs applies to `comprl models init` only")
+    if (envs or args.policy_steps is not None or args.extractor_steps is not None) and args.action != "init":
+        raise UserError("--envs, --policy-steps and --extractor-steps apply to `comprl models init` only")
     try:
-        return models_command(args.action, args.data_dir, force=args.force, envs=envs or None)
+        return models_command(args.action, args.data_dir, force=args.force, envs=envs or None,
+                              policy_steps=args.policy_steps, extractor_steps=args.extractor_steps)
     except ValueError as e:
         raise UserError(str(e)) from None
 
@@ -333,6 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
     mo.add_argument("--force", action="store_true", help="rebuild even if the models exist")
     mo.add_argument("--envs", default="", help="comma-separated envs the warm start plays instead of the default's "
                                                "(minihack/* or alfworld/*; use the built folders by path in a config)")
+    mo.add_argument("--policy-steps", type=int, default=None, help="policy SFT steps instead of the default's (90)")
+    mo.add_argument("--extractor-steps", type=int, default=None, help="extractor SFT steps instead of the default's (600)")
     mo.set_defaults(func=cmd_models)
 
     envs = subs.add_parser("envs", help="list the registered environments")

@@ -279,4 +279,6 @@ def test_models_init_rejects_envs_without_an_expert(tmp_path):
         W.models_command("init", str(tmp_path), envs=["alfworld/nope"])
     with pytest.raises(ValueError, match="no warm-start demonstrations"):
         W.models_command("init", str(tmp_path), envs=["webshop"])
+    with pytest.raises(ValueError, match="policy_steps"):
+        W.models_command("init", str(tmp_path), policy_steps=0)
     assert not (tmp_path / "models").exists()

@@ -1050,20 +1050,28 @@ def _folder_size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def models_command(action: str, data_dir: str, force: bool = False, envs: list[str] | None = None) -> int:
+def models_command(action: str, data_dir: str, force: bool = False, envs: list[str] | None = None,
+                   policy_steps: int | None = None, extractor_steps: int | None = None) -> int:
     """`comprl models init [--force] [--envs A,B]` and `comprl models list`; returns the exit code. With
     `envs`, the warm start plays those envs instead of the default's (e.g. ALFWorld for an ALFWorld study);
     such models are used by naming their folders (`actor.path`, `extractor.model.path`), since
     `embedded:` always means the default build."""
     if action == "init":
         cfg = None
+        changes: dict[str, Any] = {}
         if envs:
             from envs.registry import list_envs
 
             unknown = [e for e in envs if e not in list_envs()]
             if unknown:
                 raise ValueError(f"unknown env(s) {unknown}; `comprl envs` lists them")
-            cfg = WarmStartConfig(envs=list(envs))  # raises ValueError for envs without a scripted expert
+            changes["envs"] = list(envs)
+        if policy_steps is not None:
+            changes["policy_steps"] = policy_steps
+        if extractor_steps is not None:
+            changes["extractor_steps"] = extractor_steps
+        if changes:
+            cfg = WarmStartConfig(**changes)  # raises ValueError for envs without a scripted expert, steps < 1
         paths = ensure_models(data_dir, cfg, force=force)
         for name, p in paths.items():
             print(f"{name}: {p}")
