@@ -43,3 +43,25 @@ def write_results(name: str, result: dict[str, Any], table_md: str, results_dir:
     head = f"# {name}\n\ncommit {env.get('commit', '?')}, {env.get('cpus', '?')} CPUs, {env.get('time', '')}\n\n"
     (out / f"{name}.md").write_text(head + table_md + "\n")
     print(table_md)
+
+
+def run_in(data_dir: Path) -> tuple[dict, Path | None] | None:
+    """(the first run in a run's data dir, its latest checkpoint or None), or None when the dir has no run.
+    Checkpoints are looked up under the data dir first, so a copied or moved run dir still works."""
+    from core.store import ExperienceStore
+    from trainers.engine import latest_checkpoint
+
+    if not (data_dir / "workbench.db").is_file():
+        return None
+    store = ExperienceStore(f"sqlite:///{data_dir / 'workbench.db'}")
+    try:
+        runs = sorted(store.list_runs(), key=lambda r: r["id"])
+    finally:
+        store.close()
+    if not runs:
+        return None
+    run = runs[0]
+    ck = latest_checkpoint(data_dir / "runs" / str(run["id"]) / "checkpoints")
+    if ck is None and run.get("checkpoint_dir"):
+        ck = latest_checkpoint(Path(run["checkpoint_dir"]))
+    return run, ck

@@ -26,26 +26,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from benchmarks.common import environment, write_results  # noqa: E402
+from benchmarks.common import environment, run_in, write_results  # noqa: E402
 
 
 def run_policy(data_dir: Path) -> tuple[str, str]:
     """(the run's stored config, its latest checkpoint's policy folder) for a study run's data dir."""
-    from core.store import ExperienceStore
-    from trainers.engine import latest_checkpoint
-
-    if not (data_dir / "workbench.db").is_file():
-        raise ValueError(f"{data_dir} has no workbench.db: give a run's data dir (e.g. benchmarks/results/<study>_runs/<tag>)")
-    store = ExperienceStore(f"sqlite:///{data_dir / 'workbench.db'}")
-    try:
-        runs = sorted(store.list_runs(), key=lambda r: r["id"])
-    finally:
-        store.close()
-    if not runs:
-        raise ValueError(f"{data_dir / 'workbench.db'} holds no run")
-    run = runs[0]
-    root = data_dir / "runs" / str(run["id"]) / "checkpoints"  # the data dir may have moved since the run wrote its path
-    ck = latest_checkpoint(root) or (latest_checkpoint(Path(run["checkpoint_dir"])) if run.get("checkpoint_dir") else None)
+    found = run_in(data_dir)
+    if found is None:
+        raise ValueError(f"{data_dir} has no workbench.db with a run: give a run's data dir "
+                         "(e.g. benchmarks/results/<study>_runs/<tag>)")
+    run, ck = found
     if ck is None or not (ck / "policy" / "config.json").is_file():
         raise ValueError(f"run {run['id']} in {data_dir} has no checkpoint with a policy")
     return run["config"], str(ck / "policy")
@@ -54,9 +44,9 @@ def run_policy(data_dir: Path) -> tuple[str, str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", default=str(ROOT / "configs" / "minihack_room_cpu.yaml"))
-    ap.add_argument("--policy", action="append", default=[], metavar="NAME=FOLDER",
+    ap.add_argument("--policy", action="append", dest="items", default=[], type=lambda v: ("policy", v), metavar="NAME=FOLDER",
                     help="a policy model folder, played without experience; the first policy or run is the reference (repeat)")
-    ap.add_argument("--run", action="append", default=[], metavar="NAME=DATA_DIR",
+    ap.add_argument("--run", action="append", dest="items", type=lambda v: ("run", v), metavar="NAME=DATA_DIR",
                     help="a run's data dir: its latest checkpoint, played without and (if the run uses experience) "
                          "with its own library at its end (repeat)")
     ap.add_argument("--episodes", type=int, default=256, help="held-out seeds per policy and mode")
@@ -68,12 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or set(modes) - {"sampled", "greedy"}:
         ap.error("--modes takes sampled and/or greedy")
-    if not args.policy and not args.run:
+    if not args.items:
         ap.error("give at least one --policy NAME=MODEL_FOLDER or --run NAME=DATA_DIR")
     policies: list[tuple[str, str, str | None, Path | None]] = []  # (name, model folder, a run's config and data dir)
-    order = [(a, "policy") for a in args.policy] + [(a, "run") for a in args.run]
-    order.sort(key=lambda t: argv.index(t[0]) if t[0] in argv else 0)  # the order given on the command line
-    for item, kind in order:
+    for kind, item in args.items:  # in command-line order
         name, sep, folder = item.partition("=")
         if kind == "policy":
             if not sep or not name or not (Path(folder) / "config.json").is_file():
@@ -90,13 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     if len({p[0] for p in policies}) < len(policies):
         ap.error("policy and run names must differ")
 
-    import dataclasses
-
     import torch
 
     from core.metrics import two_proportion_test
+    from core.store import ExperienceStore
     from trainers.config import load_run_config
-    from trainers.evaluate import _roller_for, evaluate_policy
+    from trainers.evaluate import _roller_for, eval_manager, evaluate_policy
 
     torch.set_num_threads(1)
     cfg = load_run_config(args.config)
@@ -112,14 +99,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"--config's {envs} with {cfg.env.max_turns}")
             pcfg.run.seed = args.seed
             if pcfg.uses_experience:
-                from core.embedding import Embedder
-                from core.manager import ExperienceManager
-                from core.store import ExperienceStore
-
                 store = ExperienceStore(f"sqlite:///{data_dir / 'workbench.db'}")
-                manager = ExperienceManager(store, Embedder(pcfg.library.embedding),
-                                            dataclasses.replace(pcfg.library.manager, record_usage=False),
-                                            pcfg.library.index, seed=args.seed)
+                manager = eval_manager(store, pcfg)
         roller, router, pool = _roller_for(pcfg, folder, manager, min(args.episodes, 64))
         t0 = time.time()
         try:
@@ -130,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             pool.close()
             if manager is not None:
                 manager.close()
+                store.close()
         for cond, c in res.conditions.items():
             rows.append({"policy": name, "folder": folder, "mode": "sampled" if cond.endswith("_sampled") else "greedy",
                          "experience": cond.startswith("with_exp"), **c.summary(), "seconds": round(time.time() - t0, 1)})

@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import RESULTS, environment, write_results  # noqa: E402
+from benchmarks.common import RESULTS, environment, run_in, write_results  # noqa: E402
 
 ABLATIONS = {
     "joint_normalization": ["loss.joint_normalization=true"],
@@ -82,13 +82,10 @@ def prepare_models(data_dir: Path, work: Path, quick: bool, config: Path) -> tup
         from trainers.warmstart import MARKER, WarmStartConfig
 
         try:
-            built = json.loads((models / "policy" / MARKER).read_text()).get("hash")
+            marker = json.loads((models / "policy" / MARKER).read_text())
         except (OSError, json.JSONDecodeError):
-            built = None
-        try:
-            envs = json.loads((models / "policy" / MARKER).read_text())["config"]["envs"]
-        except (OSError, json.JSONDecodeError, KeyError, TypeError):
-            envs = None
+            marker = {}
+        built, envs = marker.get("hash"), (marker.get("config") or {}).get("envs")
         if built != WarmStartConfig().digest() and envs is not None and envs != WarmStartConfig().envs:
             # a warm start on other envs (`comprl models init --envs ...`): named by path, so that no run's
             # ensure_models rebuilds the default over it
@@ -146,22 +143,10 @@ def eval_n(run: dict, fallback: int) -> int:
 
 def resumable_run(data: Path) -> tuple[int, int] | None:
     """(run id, checkpointed step) of the run an earlier invocation left in `data`, if it has a checkpoint."""
-    from core.store import ExperienceStore
-    from trainers.engine import latest_checkpoint
-
-    if not (data / "workbench.db").is_file():
+    found = run_in(data)
+    if found is None or found[1] is None:
         return None
-    store = ExperienceStore(f"sqlite:///{data / 'workbench.db'}")
-    try:
-        runs = store.list_runs()
-    finally:
-        store.close()
-    for run in sorted(runs, key=lambda r: r["id"]):  # the study makes one run per data dir: the first
-        ckpt = latest_checkpoint(Path(run["checkpoint_dir"])) if run.get("checkpoint_dir") else None
-        if ckpt is not None:
-            return run["id"], int(ckpt.name.rsplit("_", 1)[-1])
-        return None
-    return None
+    return found[0]["id"], int(found[1].name.rsplit("_", 1)[-1])
 
 
 def run_one(name: str, config: Path, sets: list[str], data: Path, log: Path, timeout: int, models: Path | None,
@@ -427,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     args.steps = args.steps or 30
     if args.plan:
         for w in unseen_families(plan, Path(args.data_dir).expanduser().resolve() / "models"):
-            print(w)
+            print(w, file=sys.stderr)
         print(plan_text(plan, args.steps, [estimate(item, args.steps, run_sets(item, args.steps, args.eval_episodes, [], args.set), costs)
                                            for item in plan], costs))
         return 0
@@ -437,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     env = environment()
     models, model_sets = prepare_models(Path(args.data_dir).expanduser().resolve(), work, args.quick, config)
     for w in unseen_families(plan, models) if models is not None else []:
-        print(w, flush=True)
+        print(w, file=sys.stderr, flush=True)
     results = []
     for item in plan:
         label, variant, seed = item["label"], item["variant"], item["seed"]

@@ -128,9 +128,16 @@ def _roller_for(cfg, policy_path: str, manager, n_slots: int):
     return roller, SlotRouter(slots), pool
 
 
-def run_eval(run_id: int, *, data_dir: str, db_url: str, episodes: int = 0, checkpoint: str = "", log: bool = True) -> EvalResult:
+def eval_manager(store: ExperienceStore, cfg):
+    """An ExperienceManager over a run's library for evaluation: it reads, and never counts usage."""
     from core.embedding import Embedder
     from core.manager import ExperienceManager
+
+    mcfg = dataclasses.replace(cfg.library.manager, record_usage=False)
+    return ExperienceManager(store, Embedder(cfg.library.embedding), mcfg, cfg.library.index, seed=cfg.run.seed)
+
+
+def run_eval(run_id: int, *, data_dir: str, db_url: str, episodes: int = 0, checkpoint: str = "", log: bool = True) -> EvalResult:
     from trainers.config import load_run_config, resolve_model_path
     from trainers.engine import latest_checkpoint
 
@@ -149,10 +156,7 @@ def run_eval(run_id: int, *, data_dir: str, db_url: str, episodes: int = 0, chec
     seed_step = step or 0  # sampling seeds derive from (run seed, step)
     step = step if log else None
     n = episodes or cfg.run.eval_episodes or 16
-    manager = None
-    if cfg.uses_experience:
-        mcfg = dataclasses.replace(cfg.library.manager, record_usage=False)
-        manager = ExperienceManager(store, Embedder(cfg.library.embedding), mcfg, cfg.library.index, seed=cfg.run.seed)
+    manager = eval_manager(store, cfg) if cfg.uses_experience else None
     roller, router, pool = _roller_for(cfg, policy, manager, min(n, 32))
     try:
         res = evaluate_policy(roller, router, list(cfg.env.names), n=n, seed_offset=cfg.env.eval_seed_offset,
