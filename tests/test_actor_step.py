@@ -55,6 +55,36 @@ def test_loss_mask_gives_zero_gradient_to_observation_and_experience_tokens(tiny
     assert mask[0].sum() == n_reply and mask[0, :n_prompt].sum() == 0
 
 
+@pytest.mark.parametrize("shared", [0, 24])
+def test_fast_learner_forward_matches_the_full_one(tiny, shared):
+    """The learner projects only reply positions onto the vocabulary (logits_to_keep) and runs the
+    rows' shared leading tokens once (a repeated key/value cache); log-probs, entropy and gradients
+    at the reply tokens equal those of one plain forward over every position."""
+    from trainers.actor_step import MIN_SHARED_PREFIX, Row, shared_prefix
+
+    g = torch.Generator().manual_seed(shared)
+    head = torch.randint(3, 200, (shared,), generator=g).tolist()
+    rows = []
+    for i, n in enumerate((5, 9, 2, 7)):  # different prompt lengths, reply positions and reply lengths
+        prompt = head + torch.randint(3, 200, (n,), generator=g).tolist()
+        reply = torch.randint(3, 200, (1 + i % 3,), generator=g).tolist()
+        rows.append(Row(prompt + reply, len(prompt), [0.0] * len(reply), 1.0, True, i))
+    ids, attn, mask, _ = _tensors(rows, tiny.pad_id)
+    assert tiny.supports_logits_to_keep
+    assert (shared_prefix(ids, mask) >= MIN_SHARED_PREFIX) == (shared > 0)
+    out = {}
+    for fast in (True, False):
+        tiny.model.zero_grad(set_to_none=True)
+        logp, ent = row_logprobs(tiny, ids, attn, mask if fast else None)
+        (logp * mask).sum().backward()
+        out[fast] = (logp.detach() * mask, ent * mask, [p.grad.clone() for p in tiny.trainable_parameters()])
+    tiny.model.zero_grad(set_to_none=True)
+    assert torch.allclose(out[True][0], out[False][0], atol=1e-5) and (out[True][0] != 0).sum() == mask.sum()
+    assert torch.allclose(out[True][1], out[False][1], atol=1e-5) and (out[True][1] > 0).sum() == mask.sum()
+    for x, y in zip(out[True][2], out[False][2]):
+        assert torch.allclose(x, y, atol=1e-5, rtol=1e-4)
+
+
 def test_advantages_are_split_by_subgroup(tiny):
     eps = batch(tiny)
     adv = episode_advantages(eps, normalize_std=False, joint=False)

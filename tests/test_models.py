@@ -110,6 +110,32 @@ def test_batched_left_padded_greedy_equals_unbatched(hf):
     assert len({tuple(b.token_ids) for b in batched}) > 1
 
 
+def test_shared_prompt_prefix_runs_once_and_changes_nothing(hf, monkeypatch):
+    """Prompts that share a long head (a system prompt and task) run it once as a repeated cache;
+    greedy tokens and log-probs equal single-prompt decoding and the learner's recomputation, with
+    rows of different lengths (pads between the shared head and each row's own tokens)."""
+    from trainers import models as M
+
+    head = hf.encode("You are in the kitchen. You see a fridge 3, north south east west. The door " * 2)
+    assert len(head) >= M.PREFIX_CACHE_MIN
+    prompts = [head + p for p in prompts_of(hf)]
+    assert M._common_prefix(prompts) >= len(head) and hf.prefix_cache
+    calls = []
+    forward = hf._forward
+    monkeypatch.setattr(hf, "_forward", lambda **kw: calls.append(kw["input_ids"].shape) or forward(**kw))
+    batched = hf.generate(prompts, max_new_tokens=8, temperature=0.0)
+    assert calls[0][0] == 1 and calls[1] == (len(prompts), max(len(p) for p in prompts) - calls[0][1])  # the head once, then the rest
+    monkeypatch.setattr(hf, "_forward", forward)
+    lp = hf.logprobs([b.prompt_ids + b.token_ids for b in batched])
+    for p, b in zip(prompts, batched):
+        single = hf.generate([p], max_new_tokens=8, temperature=0.0)[0]
+        assert b.token_ids == single.token_ids
+        assert torch.allclose(torch.tensor(b.logprobs), torch.tensor(single.logprobs), atol=1e-4)
+    for i, b in enumerate(batched):
+        assert torch.allclose(lp[i, len(b.prompt_ids):len(b.prompt_ids) + len(b.token_ids)], torch.tensor(b.logprobs), atol=1e-4)
+    assert len({tuple(b.token_ids) for b in batched}) > 1
+
+
 def test_stop_string_cuts_text_but_keeps_ids(hf):
     p = hf.encode("You are in the kitchen. You see")
     full = hf.generate([p], max_new_tokens=24, temperature=0.0)[0]

@@ -231,6 +231,18 @@ def _chat_generate(backend: Any, conversations: Sequence[Messages], **kw: Any) -
 
 # ---------------------------------------------------------------------------- hf back end
 
+PREFIX_CACHE_MIN = 16  # shared prompt tokens below which running them once saves less than the extra call
+
+
+def _common_prefix(prompts: Sequence[Sequence[int]]) -> int:
+    """Leading tokens all prompts share, leaving every prompt at least one token of its own."""
+    first, n = prompts[0], min(len(p) for p in prompts) - 1
+    k = 0
+    while k < n and all(p[k] == first[k] for p in prompts):
+        k += 1
+    return k
+
+
 class HFBackend:
     """transformers on CPU or CUDA, with our own batched sampling loop.
 
@@ -294,7 +306,11 @@ class HFBackend:
             raise BackendError(f"The tokenizer in {str(self.path)!r} has neither a pad nor an EOS token; set one with tokenizer.pad_token.")
         self.end_ids = _end_token_ids(self.tokenizer, getattr(self._base_model(), "generation_config", None))
         fwd = inspect.signature(self._base_model().forward).parameters
-        self._cache_kw = "cache" if "cache" in fwd else "past_key_values"  # renamed in transformers 5
+        self.cache_kw = "cache" if "cache" in fwd else "past_key_values"  # renamed in transformers 5
+        # the learner projects only reply positions onto the vocabulary when the model allows it
+        self.supports_logits_to_keep = "logits_to_keep" in fwd
+        # generate runs the prompts' shared prefix once (a cache repeated over the rows) where the cache can be repeated
+        self.prefix_cache = _cache_repeatable()
         # Rollout threads and a learner may share one backend: generate/logprobs/load_weights hold
         # this lock; a learner holds it around optimizer.step() so that one generate call never
         # samples from two policy versions.
@@ -372,7 +388,7 @@ class HFBackend:
     def _forward(self, **kw: Any) -> tuple[Tensor, Any]:
         cache = kw.pop("cache", None)
         if cache is not None:
-            kw[self._cache_kw] = cache
+            kw[self.cache_kw] = cache
         out = self.model(use_cache=True, **kw)
         new_cache = getattr(out, "cache", None)
         if new_cache is None:
@@ -383,18 +399,30 @@ class HFBackend:
         self, prompts: list[list[int]], max_new: int, temperature: float, top_p: float, stops: list[str], gen: torch.Generator
     ) -> list[GenerationOutput]:
         b = len(prompts)
-        width = max(len(p) for p in prompts)
+        # The prompts' shared leading tokens (system prompt and task: ~a third of a MiniHack turn) are
+        # run once and their key/value cache repeated over the rows; each row keeps >= 1 token of its own.
+        shared = _common_prefix(prompts) if b > 1 and self.prefix_cache else 0
+        shared = shared if shared >= PREFIX_CACHE_MIN else 0
+        cache = None
+        if shared:
+            _, cache = self._forward(input_ids=torch.as_tensor([prompts[0][:shared]], dtype=torch.long, device=self.device),
+                                     logits_to_keep=1)
+            cache.batch_repeat_interleave(b)
+        rest = [p[shared:] for p in prompts]
+        width = max(len(p) for p in rest)
         # Left padding so every row's next token sits in the last column. Positions come from the
         # cumulative attention mask (FIELD-NOTES pitfall): a left-padded row must start at position 0,
-        # not at its pad count, or batched and single-prompt decoding disagree.
+        # not at its pad count, or batched and single-prompt decoding disagree. With a shared prefix
+        # the mask is [prefix ones | pads | the row's own tokens].
         input_ids = torch.full((b, width), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((b, width), dtype=torch.long)
-        for i, p in enumerate(prompts):
+        attn = torch.zeros((b, shared + width), dtype=torch.long)
+        attn[:, :shared] = 1
+        for i, p in enumerate(rest):
             input_ids[i, width - len(p) :] = torch.as_tensor(p, dtype=torch.long)
-            attn[i, width - len(p) :] = 1
+            attn[i, shared + width - len(p) :] = 1
         input_ids, attn = input_ids.to(self.device), attn.to(self.device)
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)  # (B, W)
-        logits, cache = self._forward(input_ids=input_ids, attention_mask=attn, position_ids=pos, logits_to_keep=1)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)[:, shared:]  # (B, W)
+        logits, cache = self._forward(input_ids=input_ids, attention_mask=attn, position_ids=pos, logits_to_keep=1, cache=cache)
         next_pos = attn.sum(-1, keepdim=True)  # (B, 1): each row's next position = its real length
 
         tokens: list[list[int]] = [[] for _ in range(b)]
@@ -542,6 +570,14 @@ class HFBackend:
             _write_weights(self.state_dict_for_sync(), out / "model.safetensors")
         self.tokenizer.save_pretrained(str(out))
         return out
+
+
+def _cache_repeatable() -> bool:
+    try:
+        from transformers import DynamicCache
+    except ImportError:
+        return False
+    return hasattr(DynamicCache, "batch_repeat_interleave")
 
 
 def _transformers_major() -> int:
