@@ -9,16 +9,21 @@ Four rollouts per round are interleaved, same model, same seeds, and timed side 
            work at all (the control: identical prompts and, with seeded sampling, identical tokens,
            so only the manager's cost differs);
   fixed2   the control again: fixed2 / fixed is the machine's noise floor for a paired ratio;
-  none     no experience (shorter prompts).
+  none     no experience (shorter prompts);
+  plain    the control with the prompts' shared prefix (system prompt and task) recomputed for every
+           row instead of run once as a repeated cache (HFBackend.prefix_cache off): the prefix cache's gain.
 manager / fixed is the paper's "rollout time with the ExperienceManager vs the baseline" (0.98–1.00×
 at their scale; target <= 1.02), reported as the median of the per-round paired ratios with their
 range, next to the same statistic for fixed2 / fixed; manager / none adds the cost of reading longer
-prompts. The learner is timed in the first 3 rounds.
+prompts. The learner is timed in the first 3 rounds, on the same episodes two ways, side by side: as
+trained (reply-only output projection, shared prefix run once) and plain (one forward over every
+position of every row), with a ~zero learning rate so that both see the same model.
 Writes benchmarks/results/bench_training.json and .md.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import resource
 import sys
@@ -85,16 +90,24 @@ def main() -> None:
                                                                       f"Head towards the > diagonally; tip variant {i}."))
                               for i in range(200)], OpContext(env=args.env, task=task))
         roller = Roller(actor, pool, mgr, rollout_cfg=cfg.rollout, actor_cfg=cfg.actor, max_turns=cfg.env.max_turns, seed=0)
-        with_t, without_t, fixed_t, fixed2_t, ret_s, eps_s, tok_s, learn = [], [], [], [], [], [], [], []
-        opt = torch.optim.AdamW(actor.trainable_parameters(), lr=1e-9)  # ~no-op steps: speed only, the model stays put
-        orders = [(0, 1, 2, 3), (3, 2, 1, 0), (1, 3, 0, 2), (2, 0, 3, 1), (0, 2, 3, 1), (3, 1, 0, 2)]
+        with_t, without_t, fixed_t, fixed2_t, plain_t, ret_s, eps_s, tok_s, learn, learn_plain = ([] for _ in range(10))
+        opt = torch.optim.AdamW(actor.trainable_parameters(), lr=1e-9)
+        still = dataclasses.replace(cfg.actor, lr=1e-12, lr_warmup=0)  # ~no-op steps: speed only, the model stays put
+        orders = [(0, 1, 2, 3, 4), (4, 3, 2, 1, 0), (1, 3, 0, 4, 2), (2, 4, 0, 3, 1), (0, 2, 4, 3, 1), (3, 1, 4, 0, 2)]
         for r in range(rounds):
             specs = [EpisodeSpec(args.env, 1000 * r + t, i < k // 2, t) for t in range(tasks) for i in range(k)]
             base = [EpisodeSpec(s.env, s.seed, False, s.group_id) for s in specs]
             want = [s for s in specs if s.with_experience]
             recorded = mgr.search_sync([task] * len(want), task=[s.env for s in want])  # untimed: what the control replays
             for mode in orders[r % len(orders)]:  # rotate the order: no systematic warm-cache bias
-                if mode in (2, 3):
+                if mode == 4:
+                    roller.manager = _Fixed(recorded)
+                    actor.prefix_cache = False
+                    t0 = time.perf_counter()
+                    roller.collect(specs, step=r)
+                    plain_t.append(time.perf_counter() - t0)
+                    actor.prefix_cache = True
+                elif mode in (2, 3):
                     roller.manager = _Fixed(recorded)
                     t0 = time.perf_counter()
                     roller.collect(specs, step=r)
@@ -113,12 +126,18 @@ def main() -> None:
                     roller.collect(base, step=r)
                     without_t.append(time.perf_counter() - t0)
             if r < 3:
-                t0 = time.perf_counter()
-                st = actor_update(actor, opt, eps, cfg.loss, cfg.actor)
-                learn.append((time.perf_counter() - t0, st["policy/tokens"] if "policy/tokens" in st else 0.0))
+                for fast in ((True, False) if r % 2 == 0 else (False, True)):
+                    actor.supports_logits_to_keep = actor.prefix_cache = fast
+                    t0 = time.perf_counter()
+                    st = actor_update(actor, opt, eps, cfg.loss, still)
+                    (learn if fast else learn_plain).append((time.perf_counter() - t0, st["policy/tokens"] if "policy/tokens" in st else 0.0))
+                actor.supports_logits_to_keep = actor.prefix_cache = True
         mgr.close()
         pool.close()
     learn_s = median([a for a, _ in learn])
+    learn_plain_s = median([a for a, _ in learn_plain])
+    learn_ratio = median([a / b for (a, _), (b, _) in zip(learn, learn_plain)])
+    prefix_ratio = median([a / b for a, b in zip(fixed_t, plain_t)])
     learn_tok = median([b / a for a, b in learn if a > 0]) if learn else 0.0
     step_s = median(with_t) + learn_s
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -128,7 +147,8 @@ def main() -> None:
     overhead = median(paired)
     res = {"benchmark": "training", "environment": environment(), "env": args.env, "episodes_per_step": k * tasks,
            "rollout_episodes_per_s": median(eps_s), "rollout_tokens_per_s": median(tok_s), "learner_tokens_per_s": learn_tok,
-           "learner_s": learn_s, "step_s": step_s, "peak_rss_mb": peak_mb, "rollout_s_with_manager": median(with_t),
+           "learner_s": learn_s, "learner_s_plain": learn_plain_s, "ratio_learner_to_plain": learn_ratio,
+           "rollout_s_without_prefix_cache": median(plain_t), "ratio_prefix_cache_to_plain": prefix_ratio, "step_s": step_s, "peak_rss_mb": peak_mb, "rollout_s_with_manager": median(with_t),
            "rollout_s_without": median(without_t), "ratio_with_to_without": ratio,
            "rollout_s_fixed_entries": median(fixed_t), "ratio_manager_to_fixed": overhead,
            "ratio_manager_to_fixed_per_round": paired, "ratio_control_to_control": median(noise),
@@ -143,11 +163,15 @@ def main() -> None:
         f"| rollout tokens/s (generated) | {res['rollout_tokens_per_s']:.0f} |",
         f"| learner tokens/s (rows × length) | {learn_tok:.0f} |",
         f"| learner s per step | {learn_s:.2f} |",
+        f"| learner s per step, plain forward over every position (before) | {learn_plain_s:.2f} |",
+        f"| **ratio learner / plain** (same episodes, same round) | **{learn_ratio:.3f}** |",
         f"| full step s (rollout + learner) | {step_s:.2f} |",
         f"| peak RSS MB | {peak_mb:.0f} |",
         f"| rollout s with ExperienceManager (K/2 retrieve) | {median(with_t):.2f} |",
         f"| rollout s, same entries handed over without the manager | {median(fixed_t):.2f} |",
         f"| rollout s without experience | {median(without_t):.2f} |",
+        f"| rollout s, same entries, shared prompt prefix recomputed per row (before) | {median(plain_t):.2f} |",
+        f"| **ratio rollout with prefix cache / without** (same round) | **{prefix_ratio:.3f}** |",
         f"| **ratio manager / same entries without it** (target <= 1.02; per-round range) | **{overhead:.3f}** ({rng(paired)}) |",
         f"| noise floor: the same control run twice, ratio (per-round range) | {median(noise):.3f} ({rng(noise)}) |",
         f"| ratio manager / no experience (adds longer prompts) | {ratio:.3f} |",
