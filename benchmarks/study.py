@@ -86,10 +86,11 @@ def prepare_models(data_dir: Path, work: Path, quick: bool, config: Path) -> tup
         except (OSError, json.JSONDecodeError):
             marker = {}
         built, envs = marker.get("hash"), (marker.get("config") or {}).get("envs")
-        if built != WarmStartConfig().digest() and envs is not None and envs != WarmStartConfig().envs:
-            # a warm start on other envs (`comprl models init --envs ...`): named by path, so that no run's
-            # ensure_models rebuilds the default over it
-            print(f"models warm-started on {', '.join(envs)} ({models})", flush=True)
+        other_envs = envs is not None and envs != WarmStartConfig().envs
+        if built != WarmStartConfig().digest() and (other_envs or marker.get("custom")):
+            # a custom warm start (`comprl models init --envs ...` or `--policy-steps N`): named by path, since
+            # `embedded:` means the default build (ensure_models refuses to replace a custom one)
+            print(f"custom models, warm-started on {', '.join(envs or [])} ({models})", flush=True)
             return models, [f"actor.path={models / 'policy'}", f"extractor.model.path={models / 'extractor'}"]
         if built != WarmStartConfig().digest():  # comprl train's ensure_models would rebuild them through the link
             print(f"note: {models} was not built with the current default WarmStartConfig; the first run "

@@ -61,6 +61,23 @@ def test_ensure_models_is_idempotent(built):
     assert {n: (p / "model.safetensors").stat().st_mtime_ns for n, p in paths.items()} == before
 
 
+def test_default_request_does_not_replace_a_custom_build(built, capsys):
+    """`embedded:` paths ask for the default build; over a custom one (here the tiny config) they get
+    a one-line error naming the way out, and the custom models stay as they were."""
+    from app.cli import main
+    from trainers.models import BackendError
+
+    data, _, paths, _ = built
+    before = {n: (p / "model.safetensors").stat().st_mtime_ns for n, p in paths.items()}
+    assert json.loads((paths["policy"] / W.MARKER).read_text())["custom"] is True
+    with pytest.raises(BackendError, match="custom warm start .*demo_episodes=.*Name the custom models by path"):
+        W.ensure_models(data, progress=False)
+    assert main(["models", "init", "--data-dir", str(data)]) != 0
+    err = capsys.readouterr().err
+    assert "custom warm start" in err and "--force" in err and "Traceback" not in err
+    assert {n: (p / "model.safetensors").stat().st_mtime_ns for n, p in paths.items()} == before
+
+
 def test_config_change_rebuilds_and_interruption_keeps_the_old_models(built, monkeypatch):
     data, cfg, paths, _ = built
     old_hash = cfg.digest()

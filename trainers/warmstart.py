@@ -40,7 +40,7 @@ import torch
 
 from core.types import format_entry_text
 from trainers import prompts as P
-from trainers.models import build_tiny_qwen2, build_tokenizer, load_backend, save_model_folder
+from trainers.models import BackendError, build_tiny_qwen2, build_tokenizer, load_backend, save_model_folder
 
 __all__ = [
     "WarmStartConfig",
@@ -1017,13 +1017,25 @@ def ensure_models(data_dir: str | os.PathLike, cfg: WarmStartConfig | None = Non
                   progress: bool = True) -> dict[str, Path]:
     """The default policy and extractor folders under `data_dir/models`, built when missing, built
     with another config, or when `force`; otherwise returned at once. Never leaves a half model:
-    both are built in a temporary folder and renamed into place only when complete."""
+    both are built in a temporary folder and renamed into place only when complete.
+
+    Called without `cfg` (what `embedded:` model paths do), it will not replace a custom build (one
+    made with an explicit config, e.g. `comprl models init --envs ...` or `--policy-steps N`): that
+    raises BackendError naming the way out, instead of silently rebuilding over hours of warm start."""
+    implied = cfg is None
     cfg = cfg or WarmStartConfig()
     root = Path(data_dir).expanduser() / "models"
     paths = {"policy": root / "policy", "extractor": root / "extractor"}
     digest = cfg.digest()
     if not force and all(_marker_ok(p, digest) for p in paths.values()):
         return paths
+    if implied and not force:
+        custom = _custom_build(paths["policy"])
+        if custom is not None:
+            raise BackendError(
+                f"{root} holds a custom warm start ({custom}), and `embedded:` model paths mean the default build, which would "
+                f"replace it. Name the custom models by path (actor.path: {paths['policy']}, extractor.model.path: "
+                f"{paths['extractor']}), use another --data-dir for the default, or replace them with `comprl models init --force`.")
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".building-*"):  # left by a process killed outright (SIGKILL)
         shutil.rmtree(stale, ignore_errors=True)
@@ -1033,7 +1045,8 @@ def ensure_models(data_dir: str | os.PathLike, cfg: WarmStartConfig | None = Non
         results = _build(tmp, cfg, progress)
         for name in ("policy", "extractor"):
             marker = {"built_by": "trainers/warmstart.py", "role": name, "hash": digest, "format": FORMAT_VERSION,
-                      "config": asdict(cfg), "results": results, "built_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+                      "config": asdict(cfg), "custom": not implied and cfg != WarmStartConfig(), "results": results,
+                      "built_at": time.strftime("%Y-%m-%d %H:%M:%S")}
             (tmp / name / MARKER).write_text(json.dumps(marker, indent=2))
         for name, dest in paths.items():
             old = root / f".old-{name}-{os.getpid()}"
@@ -1044,6 +1057,19 @@ def ensure_models(data_dir: str | os.PathLike, cfg: WarmStartConfig | None = Non
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return paths
+
+
+def _custom_build(folder: Path) -> str | None:
+    """What differs from the default in a custom build's config, or None for a default (or no) build."""
+    try:
+        data = json.loads((folder / MARKER).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if not data.get("custom"):
+        return None
+    default = asdict(WarmStartConfig())
+    diff = [f"{k}={v}" for k, v in (data.get("config") or {}).items() if default.get(k) != v]
+    return ", ".join(diff) or "a non-default config"
 
 
 def _folder_size(path: Path) -> int:
