@@ -57,6 +57,9 @@ def study_command(d: dict) -> str:
 
 
 def bench_command(name: str, d: dict) -> str:
+    """The command as recorded (argv, e.g. a bench filed under another name with --out), else rebuilt."""
+    if d.get("argv"):
+        return shlex.join(["python", *d["argv"]])
     return f"python benchmarks/{name}.py" + (" --quick" if d.get("quick") else "")
 
 

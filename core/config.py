@@ -94,14 +94,20 @@ class ManagerConfig:
 
 @dataclass
 class MergeConfig:
-    every_actor_updates: int = 5  # run the periodic merge after this many actor updates
     chunk_size: int = 5  # entries per merge call (sliding window)
+    order: str = "similarity"  # walk order within a task: "similarity" (nearest-neighbour chain over text embeddings) or "id" (creation)
+    walks: int = 1  # sliding windows per task, decided side by side (1 = METHOD.md's one walk per task; more trades carry reach for speed)
+    batch: int = 16  # chunks decided in one batched extractor call (walks of different tasks always run side by side)
     duplicate_threshold: float = 0.9  # cosine similarity above which two entries are near-duplicates
     across_tasks: bool = False  # near-duplicate clusters may span tasks
 
     def __post_init__(self) -> None:
         if self.chunk_size < 2:
             raise ConfigError("merge.chunk_size must be >= 2 (a chunk of one has nothing to merge)")
+        if self.order not in ("similarity", "id"):
+            raise ConfigError(f"merge.order must be 'similarity' or 'id', not {self.order!r}")
+        if self.walks < 1 or self.batch < 1:
+            raise ConfigError("merge.walks and merge.batch must be >= 1")
         if not -1.0 <= self.duplicate_threshold <= 1.0:
             raise ConfigError("merge.duplicate_threshold is a cosine similarity within [-1, 1]")
 

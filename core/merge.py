@@ -7,12 +7,16 @@ one chunk; in its operations `ids` are entry ids from that chunk. `update` merge
 entries into one new entry, `discard` archives them, `add` writes a new one; entries it does not
 name are kept. `None`, an exception, or any invalid operation means the answer did not parse: the
 whole chunk keeps its originals (never half-applied).
+
+`merge_walks` runs several such walks side by side (one per task, or a task's library cut into
+`walks` pieces) and hands each round's chunks to one batched decider; `similarity_order` orders a
+task's entries so that entries saying the same thing share a chunk.
 """
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Sequence, Union
 
 import numpy as np
 
@@ -22,6 +26,8 @@ from core.types import Experience, Operation, Source
 log = logging.getLogger(__name__)
 
 MergeFn = Callable[[list[Experience]], "list[Operation] | None"]
+MergeOutcome = Union[list[Operation], None, Exception]  # a chunk's operations, no parse, or what the decider raised
+BatchMergeFn = Callable[[list[list[Experience]]], list[MergeOutcome]]  # chunks -> one outcome per chunk
 
 
 # -- near duplicates -----------------------------------------------------------------------------
@@ -138,34 +144,57 @@ def sliding_window_merge(store: ExperienceStore, entries: Sequence[Experience], 
     Each chunk holds the carried entries plus fresh ones up to `chunk_size`. `on_written` is called
     after each chunk that changed the store (the manager passes its sync).
     """
-    report = MergeReport(before=len(entries))
-    queue = list(entries)
-    carried: list[Experience] = []
-    survivors: list[int] = []
-    while queue or carried:
-        room = max(1, chunk_size - len(carried))
-        chunk = carried + queue[:room]
-        queue = queue[room:]
-        carried = []
-        if len(chunk) < 2 and not queue:
-            survivors.extend(e.id for e in chunk)
-            break
-        report.chunks += 1
-        try:
-            ops = merge_fn(list(chunk))
-        except Exception as e:  # an extractor that crashes on one chunk must not stop the merge
-            ops, why = None, f"merge_fn raised {type(e).__name__}: {e}"
+    def one_by_one(chunks: list[list[Experience]]) -> list[MergeOutcome]:
+        out: list[MergeOutcome] = []
+        for c in chunks:  # an exception is this chunk's outcome, not the walk's end
+            try:
+                out.append(merge_fn(c))
+            except Exception as e:  # noqa: BLE001 - reported per chunk
+                out.append(e)
+        return out
+
+    return merge_walks(store, [entries], one_by_one, chunk_size=chunk_size, batch=1, actor=actor, step=step,
+                       run_id=run_id, on_written=on_written)
+
+
+class _Walk:
+    """One sliding window over an ordered list of entries (METHOD.md step 4)."""
+
+    def __init__(self, entries: Sequence[Experience], chunk_size: int) -> None:
+        self.queue = list(entries)
+        self.carried: list[Experience] = []
+        self.survivors: list[int] = []
+        self.chunk_size = chunk_size
+
+    def next_chunk(self) -> list[Experience] | None:
+        """The carried entries plus fresh ones up to chunk_size; None when the walk is over."""
+        if not (self.queue or self.carried):
+            return None
+        room = max(1, self.chunk_size - len(self.carried))
+        chunk = self.carried + self.queue[:room]
+        self.queue = self.queue[room:]
+        self.carried = []
+        if len(chunk) < 2 and not self.queue:
+            self.survivors.extend(e.id for e in chunk)
+            return None
+        return chunk
+
+    def apply(self, store: ExperienceStore, chunk: list[Experience], outcome: MergeOutcome, report: MergeReport, *,
+              actor: str, step: int, run_id: int | None) -> bool:
+        """Write one chunk's decision; True when the store changed."""
+        if isinstance(outcome, Exception):
+            why = f"merge_fn raised {type(outcome).__name__}: {outcome}"
         else:
-            why = "merge_fn returned nothing parseable" if ops is None else _valid_chunk_ops(ops, {e.id for e in chunk})
-        if why:
+            why = "merge_fn returned nothing parseable" if outcome is None else _valid_chunk_ops(outcome, {e.id for e in chunk})
+        if why:  # never half-applied: the chunk keeps its originals, nothing is carried
             report.unparsed_chunks += 1
             report.errors.append(why)
-            survivors.extend(e.id for e in chunk)
-            continue
+            self.survivors.extend(e.id for e in chunk)
+            return False
         by_id = {e.id: e for e in chunk}
         touched: set[int] = set()
         new_entries: list[int] = []
-        for op in ops:
+        for op in outcome or []:
             try:
                 if op.kind == "update":
                     if len(op.ids) >= 2:
@@ -193,13 +222,81 @@ def sliding_window_merge(store: ExperienceStore, entries: Sequence[Experience], 
             except StoreError as e:  # e.g. a person edited an entry meanwhile: keep it, report why
                 report.errors.append(str(e))
         report.new_ids.extend(new_entries)
-        if new_entries or touched:
-            if on_written:
-                on_written()
         # Carry the merged output into the next chunk (the sliding window); untouched entries are kept.
-        carried = list(store.get_many(new_entries).values()) if queue else []
-        survivors.extend(e.id for e in chunk if e.id not in touched)
-        if not queue:
-            survivors.extend(new_entries)
-    report.after = len(set(survivors))
+        self.carried = list(store.get_many(new_entries).values()) if self.queue else []
+        self.survivors.extend(e.id for e in chunk if e.id not in touched)
+        if not self.queue:
+            self.survivors.extend(new_entries)
+        return bool(new_entries or touched)
+
+
+def merge_walks(store: ExperienceStore, walks: Sequence[Sequence[Experience]], merge_batch: BatchMergeFn, *,
+                chunk_size: int = 5, batch: int = 16, actor: str = "extractor", step: int = 0, run_id: int | None = None,
+                on_written: Callable[[], None] | None = None) -> MergeReport:
+    """Independent sliding windows side by side (one per task, or several per task): each round takes
+    the next chunk of up to `batch` unfinished walks and decides them in one `merge_batch` call, so a
+    batched generator decodes them together. Writes stay sequential; walks hold disjoint entries.
+    `on_written` is called after each round that changed the store."""
+    if batch < 1:
+        raise ValueError("batch must be >= 1")
+    report = MergeReport(before=sum(len(w) for w in walks))
+    todo = [_Walk(w, chunk_size) for w in walks]
+    done: list[_Walk] = []
+    live: list[_Walk] = []
+    while todo or live:
+        while len(live) < batch and todo:
+            live.append(todo.pop(0))
+        round_: list[tuple[_Walk, list[Experience]]] = []
+        for w in live:
+            chunk = w.next_chunk()
+            if chunk is None:
+                done.append(w)
+            else:
+                round_.append((w, chunk))
+        live = [w for w, _ in round_]
+        if not round_:
+            continue
+        report.chunks += len(round_)
+        try:
+            outcomes = list(merge_batch([list(c) for _, c in round_]))
+            if len(outcomes) != len(round_):
+                raise ValueError(f"merge_batch answered {len(outcomes)} chunks for {len(round_)}")
+        except Exception as e:  # an extractor that crashes on one round must not stop the merge
+            outcomes = [e] * len(round_)
+        changed = False
+        for (w, chunk), outcome in zip(round_, outcomes):
+            changed |= w.apply(store, chunk, outcome, report, actor=actor, step=step, run_id=run_id)
+        if changed and on_written:
+            on_written()
+    report.after = len({i for w in done for i in w.survivors})
     return report
+
+
+def similarity_order(entries: Sequence[Experience], vectors: dict[int, np.ndarray]) -> list[Experience]:
+    """A nearest-neighbour chain over the entries' unit text embeddings: start at the oldest entry and
+    step to the most similar one not yet visited, so entries that say the same thing end up in the
+    same chunk. Entries without a vector follow in id order. O(n^2 d): 2,000 entries take well under a second."""
+    have = sorted((e for e in entries if e.id in vectors), key=lambda e: e.id)
+    rest = sorted((e for e in entries if e.id not in vectors), key=lambda e: e.id)
+    if len(have) < 3:
+        return have + rest
+    v = np.stack([vectors[e.id] for e in have]).astype(np.float32)
+    v /= np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
+    visited = np.zeros(len(have), dtype=bool)
+    order = [0]
+    visited[0] = True
+    for _ in range(len(have) - 1):
+        sims = v @ v[order[-1]]
+        sims[visited] = -np.inf
+        nxt = int(np.argmax(sims))
+        visited[nxt] = True
+        order.append(nxt)
+    return [have[i] for i in order] + rest
+
+
+def split_walks(entries: Sequence[Experience], walks: int, chunk_size: int) -> list[list[Experience]]:
+    """Cut an ordered list into up to `walks` contiguous walks of near-equal length, none shorter than
+    two chunks (a short walk would rarely see a merge carried)."""
+    n = max(1, min(walks, len(entries) // (2 * chunk_size)))
+    bounds = [round(i * len(entries) / n) for i in range(n + 1)]
+    return [list(entries[a:b]) for a, b in zip(bounds, bounds[1:]) if b > a]

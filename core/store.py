@@ -499,9 +499,13 @@ class ExperienceStore:
 
     def embeddings(self, ids: Sequence[int], key: str = "query") -> dict[int, np.ndarray]:
         col = EntryRow.query_embedding if key == "query" else EntryRow.text_embedding
+        ids = [int(i) for i in ids]
+        out: dict[int, np.ndarray] = {}
         with self._session() as s:
-            rows = s.execute(select(EntryRow.id, col).where(EntryRow.id.in_([int(i) for i in ids]))).all()
-            return {i: _bytes_to_vec(b) for i, b in rows if b is not None}
+            for a in range(0, len(ids), 10_000):  # SQLite caps the parameters of one statement
+                rows = s.execute(select(EntryRow.id, col).where(EntryRow.id.in_(ids[a:a + 10_000]))).all()
+                out.update((i, _bytes_to_vec(b)) for i, b in rows if b is not None)
+        return out
 
     def missing_embeddings(self, limit: int = 10_000) -> list[Experience]:
         """Active entries lacking a query or text embedding (written by a process without an embedder)."""

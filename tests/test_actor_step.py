@@ -60,7 +60,8 @@ def test_fast_learner_forward_matches_the_full_one(tiny, shared):
     """The learner projects only reply positions onto the vocabulary (logits_to_keep) and runs the
     rows' shared leading tokens once (a repeated key/value cache); log-probs, entropy and gradients
     at the reply tokens equal those of one plain forward over every position."""
-    from trainers.actor_step import MIN_SHARED_PREFIX, Row, shared_prefix
+    from trainers.actor_step import Row, shared_prefix
+    from trainers.models import PREFIX_CACHE_MIN
 
     g = torch.Generator().manual_seed(shared)
     head = torch.randint(3, 200, (shared,), generator=g).tolist()
@@ -71,7 +72,7 @@ def test_fast_learner_forward_matches_the_full_one(tiny, shared):
         rows.append(Row(prompt + reply, len(prompt), [0.0] * len(reply), 1.0, True, i))
     ids, attn, mask, _ = _tensors(rows, tiny.pad_id)
     assert tiny.supports_logits_to_keep
-    assert (shared_prefix(ids, mask) >= MIN_SHARED_PREFIX) == (shared > 0)
+    assert (shared_prefix(ids, mask) >= PREFIX_CACHE_MIN) == (shared > 0)
     out = {}
     for fast in (True, False):
         tiny.model.zero_grad(set_to_none=True)

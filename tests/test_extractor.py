@@ -150,6 +150,7 @@ class TeacherForced:
         from trainers.models import GenerationOutput
 
         outs = []
+        self.batches = getattr(self, "batches", []) + [len(prompts)]
         for p in prompts:
             text = self.answer_fn(self.real.tokenizer.decode(p))
             self.prompts.append(text)
@@ -190,6 +191,29 @@ def test_merge_driver_with_the_extractor_on_a_small_library(loop, store):
     g = merged[0].generation
     assert g is not None and g.response_ids and "merge" in g.response  # the merge generation is kept for credit
     assert loop.counters["merges"] == 1
+
+
+def test_merge_decides_the_walks_of_every_task_in_one_batched_call(loop, store):
+    """Two tasks' libraries are two walks: each round's chunks go to the extractor as one batch, and
+    what it merged in one task never touches the other."""
+    import dataclasses
+    import re
+
+    a = [_entry_with_generation(loop, format_entry_text("Stairs", "d", f"Walk diagonally, tip {i}."), "task A")[0] for i in range(3)]
+    b = [_entry_with_generation(loop, format_entry_text("Keys", "d", f"Take the key, tip {i}."), "task B")[0] for i in range(3)]
+
+    def answer(prompt):  # merge the chunk's first two entries
+        return ans([{"function": "merge", "idx_list": [0, 1]}]) if re.search(r"^\[1\] ", prompt, re.M) else ans([])
+
+    loop.cfg = dataclasses.replace(loop.cfg, library=dataclasses.replace(
+        loop.cfg.library, merge=dataclasses.replace(loop.cfg.library.merge, order="id", batch=8)))
+    loop.infer = TeacherForced(loop.backend, answer)
+    rep = loop.merge(step=5)
+    assert loop.infer.batches[0] == 2  # both tasks' first chunks in one call
+    assert rep["library/merge_walks"] == 2 and rep["library/merges"] == 2 and rep["library/merge_chunks"] == 2
+    merged = [e for e in store.list_entries(limit=100).entries if e.parent_ids]
+    assert sorted(sorted(e.parent_ids) for e in merged) == [a[:2], b[:2]]
+    assert {e.task for e in merged} == {"task A", "task B"} and rep["time/merge_s"] > 0
 
 
 def test_eq7_weights_differ_from_one_on_a_real_buffer(loop, store):

@@ -5,7 +5,8 @@ import numpy as np
 
 from core.config import IndexConfig, ManagerConfig
 from core.manager import ExperienceManager
-from core.merge import find_near_duplicates, merge_entries, near_duplicate_clusters, sliding_window_merge, undo_merge
+from core.merge import (find_near_duplicates, merge_entries, merge_walks, near_duplicate_clusters, similarity_order,
+                        sliding_window_merge, split_walks, undo_merge)
 from core.store import NewEntry
 from core.types import Operation, Source, Status
 
@@ -77,3 +78,62 @@ def test_sliding_window_rejects_ops_naming_foreign_ids(store):
     assert rep.unparsed_chunks == 1 and store.count() == 3
     rep = sliding_window_merge(store, [store.get(i) for i in ids], lambda c: 1 / 0, chunk_size=5)
     assert rep.unparsed_chunks == 1 and "ZeroDivisionError" in rep.errors[0] and store.count() == 3
+
+
+def test_walks_run_side_by_side_and_each_carries_its_own_merges(store):
+    """Two walks, decided two chunks per call: every round holds one chunk of each walk, a walk's merged
+    entry is carried into that walk's next chunk only, and the store is synced once per round."""
+    a = store.add_entries([NewEntry(text=f"a{i}", task="A") for i in range(6)])
+    b = store.add_entries([NewEntry(text=f"b{i}", task="B") for i in range(3)])
+    rounds: list[list[list[int]]] = []
+    synced: list[int] = []
+
+    def merge_batch(chunks):
+        rounds.append([[e.id for e in c] for c in chunks])
+        return [[Operation("update", ids=[c[0].id, c[1].id], text=c[0].text + "+" + c[1].text)] for c in chunks]
+
+    rep = merge_walks(store, [[store.get(i) for i in a], [store.get(i) for i in b]], merge_batch, chunk_size=3, batch=2,
+                      on_written=lambda: synced.append(1))
+    # round 1: a1-a3 and b1-b3; a1+a2 -> 10, b1+b2 -> 11; only walk A has entries left: 10 is carried with a4, a5
+    assert rounds[0] == [a[:3], b]
+    assert rounds[1] == [[10, *a[3:5]]]
+    assert rounds[2] == [[12, a[5]]]  # 10+a4 -> 12, carried with a6
+    assert len(rounds) == 3 and len(synced) == 3 and rep.chunks == 4 and rep.merges == 4
+    assert store.get(11).task == "B" and store.get(13).parent_ids == [12, a[5]]
+    # survivors: A keeps a3, a5 and the last merge; B keeps b3 and its merge
+    assert rep.before == 9 and rep.after == store.count() == 5
+
+
+def test_a_round_whose_decider_raises_keeps_every_chunk(store):
+    ids = store.add_entries([NewEntry(text=f"t{i}", task=t) for t in "AB" for i in range(3)])
+    walks = [[store.get(i) for i in ids[:3]], [store.get(i) for i in ids[3:]]]
+    rep = merge_walks(store, walks, lambda chunks: 1 / 0, chunk_size=5, batch=4)
+    assert rep.unparsed_chunks == 2 and store.count() == 6 and rep.after == 6
+    rep = merge_walks(store, walks, lambda chunks: [None], chunk_size=5, batch=4)  # one answer for two chunks
+    assert rep.unparsed_chunks == 2 and "answered 1 chunks for 2" in rep.errors[0] and store.count() == 6
+
+
+def test_similarity_order_puts_entries_that_say_the_same_thing_side_by_side(store, embedder):
+    texts = ["Apples are usually kept in the fridge.", "Walk diagonally to reach the stairs.",
+             "A knife is often found on the countertop.", "Apples are usually stored in the fridge.",
+             "Move diagonally towards the staircase.", "Look for knives on the kitchen countertop."]
+    vecs = embedder.embed(texts)
+    ids = store.add_entries([NewEntry(text=t, task="t", text_embedding=v) for t, v in zip(texts, vecs)])
+    entries = [store.get(i) for i in ids]
+    order = [e.text for e in similarity_order(entries, store.embeddings(ids, "text"))]
+    pos = {t: k for k, t in enumerate(order)}
+    for x, y in ((0, 3), (1, 4), (2, 5)):  # each pair of paraphrases ends up adjacent
+        assert abs(pos[texts[x]] - pos[texts[y]]) == 1, order
+    assert order[0] == texts[0]  # the chain starts at the oldest entry
+    # entries without an embedding follow, oldest first
+    extra = store.add_entries([NewEntry(text="no vector yet", task="t")])
+    got = similarity_order([store.get(i) for i in [*ids, *extra]], store.embeddings([*ids, *extra], "text"))
+    assert got[-1].id == extra[0] and len(got) == 7
+
+
+def test_split_walks_is_contiguous_and_never_too_short():
+    es = list(range(23))
+    parts = split_walks(es, 4, 5)  # 23 // 10 = 2 walks at most
+    assert [len(p) for p in parts] == [12, 11] and sum(parts, []) == es
+    assert split_walks(es, 1, 5) == [es] and split_walks(es[:3], 8, 5) == [es[:3]]
+    assert [len(p) for p in split_walks(list(range(100)), 3, 5)] == [33, 34, 33]

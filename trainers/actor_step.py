@@ -23,7 +23,7 @@ import torch
 
 from core.advantages import batch_subgroup_advantages
 from core.losses import clipped_surrogate_loss
-from trainers.models import pad_right
+from trainers.models import PREFIX_CACHE_MIN, pad_right
 from trainers.rollout import Episode
 
 
@@ -86,9 +86,6 @@ def _tensors(rows: Sequence[Row], pad_id: int) -> tuple[torch.Tensor, torch.Tens
     return ids, attn, mask, old
 
 
-MIN_SHARED_PREFIX = 16  # below this, running the prefix once saves less than the extra call costs
-
-
 def shared_prefix(ids: torch.Tensor, mask: torch.Tensor) -> int:
     """How many leading tokens every row has in common, stopping before the position that predicts
     the first reply token (its logits are needed). ids, mask (N, T)."""
@@ -115,7 +112,7 @@ def row_logprobs(backend, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Ten
         keep = torch.nonzero(mask[:, 1:].any(0)).squeeze(-1)  # (P,) positions whose next token is a reply token in some row
         prefix = shared_prefix(ids, mask) if n > 1 and getattr(backend, "prefix_cache", False) else 0
         kw = {}
-        if prefix >= MIN_SHARED_PREFIX:
+        if prefix >= PREFIX_CACHE_MIN:  # the sampler's threshold too: below it the extra call costs more than it saves
             out = backend.model(input_ids=ids_d[:1, :prefix], use_cache=True)
             cache = getattr(out, "cache", None)  # transformers 5; `past_key_values` before
             if cache is None:

@@ -30,7 +30,7 @@ import torch
 from core.advantages import critic_entry_rewards, entry_rewards, experience_free_baseline, extractor_advantages, weights_for_entries
 from core.losses import cispo_loss, cispo_stats
 from core.manager import ExperienceManager, OpContext
-from core.merge import sliding_window_merge
+from core.merge import MergeReport, merge_walks, similarity_order, split_walks
 from core.store import ExperienceStore
 from core.types import Experience, Generation, Operation, Source
 from trainers import prompts as P
@@ -181,6 +181,7 @@ class ExperienceLoop:
         self.counters = {"parse_failures": 0, "distilled": 0, "adds": 0, "updates_ops": 0, "refused_ops": 0, "dropped": 0,
                          "tool_calls": 0, "tool_hits": 0, "merges": 0}
         self.last_update: dict[str, float] = {}
+        self.last_merge: MergeReport | None = None
         self.tool_latency_ms: list[float] = []
         self._queue: queue.Queue[tuple[Episode, int] | None] = queue.Queue()
         self._lock = threading.Lock()
@@ -397,10 +398,16 @@ class ExperienceLoop:
     # -- merge (METHOD.md step 4) ---------------------------------------------------------------------
 
     def merge(self, step: int) -> dict[str, float]:
-        """Walk the library task by task in chunks; the extractor decides what to keep, merge or discard."""
+        """Walk the library task by task in chunks; the extractor decides what to keep, merge or discard.
+
+        Each task's entries are walked in `library.merge.order` (similar entries share chunks), cut into
+        `library.merge.walks` walks; the walks of every task run side by side, `library.merge.batch`
+        chunks per batched generation."""
         self.wait_idle()
+        self.manager.sync()  # entries written without embeddings (UI, import) get them before the ordering
+        mc = self.cfg.library.merge
         before = self.store.count()
-        merges = discards = unparsed = 0
+        t0 = time.perf_counter()
         tasks: dict[tuple[str, str], list[Experience]] = {}
         offset = 0
         while True:
@@ -410,28 +417,35 @@ class ExperienceLoop:
             offset += len(page.entries)
             if not page.entries:
                 break
-        cs = self.cfg.library.merge.chunk_size
-        for (env, task), entries in tasks.items():
+        walks: list[list[Experience]] = []
+        for entries in tasks.values():
             if len(entries) < 2:
                 continue
+            if mc.order == "similarity":
+                entries = similarity_order(entries, self.store.embeddings([e.id for e in entries], "text"))
+            else:
+                entries = sorted(entries, key=lambda e: e.id)
+            walks += split_walks(entries, mc.walks, mc.chunk_size)
 
-            def merge_fn(chunk: list[Experience], task: str = task) -> list[Operation] | None:
-                user = self.templates["MERGE_USER"].format(task=task, entries=P.numbered([c.text for c in chunk]))
-                g = self._generate([user], seed=step * 104729 + chunk[0].id, greedy=True)[0]
-                ops = parse_merge(g.response, chunk)
+        def merge_batch(chunks: list[list[Experience]]) -> list[list[Operation] | None]:
+            users = [self.templates["MERGE_USER"].format(task=c[0].task, entries=P.numbered([e.text for e in c])) for c in chunks]
+            gens = self._generate(users, seed=step * 104729 + chunks[0][0].id, greedy=True)
+            out = []
+            for c, g in zip(chunks, gens):
+                ops = parse_merge(g.response, c)
                 for op in ops or []:
                     op.generation = g  # merge generations are credited like extraction ones when retrieved
-                return ops
+                out.append(ops)
+            return out
 
-            rep = sliding_window_merge(self.store, entries, merge_fn, chunk_size=cs, actor="extractor", step=step,
-                                       run_id=self.run_id, on_written=self.manager.sync)
-            merges += rep.merges
-            discards += rep.discards
-            unparsed += rep.unparsed_chunks
-        self.counters["merges"] += merges
+        rep = merge_walks(self.store, walks, merge_batch, chunk_size=mc.chunk_size, batch=mc.batch, actor="extractor",
+                          step=step, run_id=self.run_id, on_written=self.manager.sync)
+        self.counters["merges"] += rep.merges
+        self.last_merge = rep  # its errors say why chunks were kept (benchmarks/bench_merge.py counts them)
         return {"library/merge_before": float(before), "library/merge_after": float(self.store.count()),
-                "library/merges": float(merges), "library/merge_discards": float(discards),
-                "library/merge_unparsed": float(unparsed)}
+                "library/merges": float(rep.merges), "library/merge_discards": float(rep.discards),
+                "library/merge_unparsed": float(rep.unparsed_chunks), "library/merge_chunks": float(rep.chunks),
+                "library/merge_walks": float(len(walks)), "time/merge_s": time.perf_counter() - t0}
 
     # -- metrics, state, life cycle ------------------------------------------------------------------------
 

@@ -231,7 +231,7 @@ def _chat_generate(backend: Any, conversations: Sequence[Messages], **kw: Any) -
 
 # ---------------------------------------------------------------------------- hf back end
 
-PREFIX_CACHE_MIN = 16  # shared prompt tokens below which running them once saves less than the extra call
+PREFIX_CACHE_MIN = 16  # shared prompt tokens below which running them once saves less than the extra call (sampler and learner)
 
 
 def _common_prefix(prompts: Sequence[Sequence[int]]) -> int:
