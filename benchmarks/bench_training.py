@@ -2,8 +2,9 @@
 and the ExperienceManager's cost to rollouts.
 
     python benchmarks/bench_training.py [--quick] [--rounds N] [--data-dir ./comprl_data]
+    python benchmarks/bench_training.py --modes fixed,nodedupe --no-learner --rounds 3 --out NAME   # one comparison
 
-Four rollouts per round are interleaved, same model, same seeds, and timed side by side:
+Six rollouts per round are interleaved, same model, same seeds, and timed side by side:
   manager  K/2 of each group get the top entry of a real library through the ExperienceManager;
   fixed    the same episodes are handed the very entries the manager returned, with no retrieval
            work at all (the control: identical prompts and, with seeded sampling, identical tokens,
@@ -11,7 +12,9 @@ Four rollouts per round are interleaved, same model, same seeds, and timed side 
   fixed2   the control again: fixed2 / fixed is the machine's noise floor for a paired ratio;
   none     no experience (shorter prompts);
   plain    the control with the prompts' shared prefix (system prompt and task) recomputed for every
-           row instead of run once as a repeated cache (HFBackend.prefix_cache off): the prefix cache's gain.
+           row instead of run once as a repeated cache (HFBackend.prefix_cache off): the prefix cache's gain;
+  nodedupe the control with identical prompts (a group's first turn) prefilled once per row instead of
+           once per distinct prompt (HFBackend.dedupe_prompts off): the dedupe's gain.
 manager / fixed is the paper's "rollout time with the ExperienceManager vs the baseline" (0.98–1.00×
 at their scale; target <= 1.02), reported as the median of the per-round paired ratios with their
 range, next to the same statistic for fixed2 / fixed; manager / none adds the cost of reading longer
@@ -52,13 +55,26 @@ class _Fixed:
         return self.hits
 
 
+MODES = ("manager", "none", "fixed", "fixed2", "plain", "nodedupe")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--data-dir", default=str(ROOT / "comprl_data"))
     ap.add_argument("--rounds", type=int, default=0, help="interleaved rounds (default 3 with --quick, else 6)")
     ap.add_argument("--env", default="", help="default: the CPU default config's (first) env")
+    ap.add_argument("--modes", default=",".join(MODES), help=f"rollouts to time, from {','.join(MODES)} (fixed is always in: the control)")
+    ap.add_argument("--no-learner", action="store_true", help="time rollouts only")
+    ap.add_argument("--tasks", type=int, default=0, help="tasks per step (default: the config's; fewer for a smoke run)")
+    ap.add_argument("--out", default="bench_training", help="results name (a partial run should not replace bench_training, which study.py --plan reads)")
     args = ap.parse_args()
+    modes = list(dict.fromkeys(["fixed", *[m for m in args.modes.split(",") if m]]))
+    if bad := [m for m in modes if m not in MODES]:
+        raise SystemExit(f"unknown mode(s) {bad}; choose from {','.join(MODES)}")
+    full = set(modes) == set(MODES) and not args.no_learner and not args.tasks
+    if args.out == "bench_training" and not full:
+        raise SystemExit("a run with --modes, --no-learner or --tasks must be filed under another name: give --out")
     torch.set_num_threads(1)
 
     from core.config import LibraryConfig
@@ -78,7 +94,9 @@ def main() -> None:
     args.env = args.env or next(iter(cfg.env.names))
     actor = HFBackend(resolve_model_path(cfg.actor.path, args.data_dir), device="cpu", num_threads=1)
     rounds = args.rounds or (3 if args.quick else 6)
-    k, tasks = cfg.rollout.group_size, cfg.rollout.tasks_per_step
+    k, tasks = cfg.rollout.group_size, args.tasks or cfg.rollout.tasks_per_step
+    t: dict[str, list[float]] = {m: [] for m in MODES}
+    ret_s, eps_s, tok_s, learn, learn_plain = [], [], [], [], []
     with tempfile.TemporaryDirectory() as d:
         store = ExperienceStore(f"sqlite:///{d}/bench.db")
         lib = LibraryConfig()
@@ -90,42 +108,29 @@ def main() -> None:
                                                                       f"Head towards the > diagonally; tip variant {i}."))
                               for i in range(200)], OpContext(env=args.env, task=task))
         roller = Roller(actor, pool, mgr, rollout_cfg=cfg.rollout, actor_cfg=cfg.actor, max_turns=cfg.env.max_turns, seed=0)
-        with_t, without_t, fixed_t, fixed2_t, plain_t, ret_s, eps_s, tok_s, learn, learn_plain = ([] for _ in range(10))
         opt = torch.optim.AdamW(actor.trainable_parameters(), lr=1e-9)
         still = dataclasses.replace(cfg.actor, lr=1e-12, lr_warmup=0)  # ~no-op steps: speed only, the model stays put
-        orders = [(0, 1, 2, 3, 4), (4, 3, 2, 1, 0), (1, 3, 0, 4, 2), (2, 4, 0, 3, 1), (0, 2, 4, 3, 1), (3, 1, 4, 0, 2)]
         for r in range(rounds):
-            specs = [EpisodeSpec(args.env, 1000 * r + t, i < k // 2, t) for t in range(tasks) for i in range(k)]
+            specs = [EpisodeSpec(args.env, 1000 * r + g, i < k // 2, g) for g in range(tasks) for i in range(k)]
             base = [EpisodeSpec(s.env, s.seed, False, s.group_id) for s in specs]
             want = [s for s in specs if s.with_experience]
             recorded = mgr.search_sync([task] * len(want), task=[s.env for s in want])  # untimed: what the control replays
-            for mode in orders[r % len(orders)]:  # rotate the order: no systematic warm-cache bias
-                if mode == 4:
-                    roller.manager = _Fixed(recorded)
-                    actor.prefix_cache = False
-                    t0 = time.perf_counter()
-                    roller.collect(specs, step=r)
-                    plain_t.append(time.perf_counter() - t0)
-                    actor.prefix_cache = True
-                elif mode in (2, 3):
-                    roller.manager = _Fixed(recorded)
-                    t0 = time.perf_counter()
-                    roller.collect(specs, step=r)
-                    (fixed_t if mode == 2 else fixed2_t).append(time.perf_counter() - t0)
-                elif mode == 0:
-                    roller.manager = mgr
-                    t0 = time.perf_counter()
-                    eps = roller.collect(specs, step=r)
-                    with_t.append(time.perf_counter() - t0)
+            order = modes[r % len(modes):] + modes[:r % len(modes)]  # rotate the order: no systematic warm-cache bias
+            for mode in order if r % 2 == 0 else order[::-1]:
+                roller.manager = mgr if mode == "manager" else None if mode == "none" else _Fixed(recorded)
+                actor.prefix_cache = mode != "plain"
+                actor.dedupe_prompts = mode != "nodedupe"
+                t0 = time.perf_counter()
+                eps_r = roller.collect(base if mode == "none" else specs, step=r)
+                t[mode].append(time.perf_counter() - t0)
+                actor.prefix_cache = actor.dedupe_prompts = True
+                if mode == "manager":
                     ret_s.append(roller.stats["rollout/retrieval_s"])
+                if mode == "fixed":
+                    eps = eps_r
                     eps_s.append(roller.stats["rollout/episodes_per_s"])
                     tok_s.append(roller.stats["rollout/tokens_per_s"])
-                else:
-                    roller.manager = None
-                    t0 = time.perf_counter()
-                    roller.collect(base, step=r)
-                    without_t.append(time.perf_counter() - t0)
-            if r < 3:
+            if r < 3 and not args.no_learner:
                 for fast in ((True, False) if r % 2 == 0 else (False, True)):
                     actor.supports_logits_to_keep = actor.prefix_cache = fast
                     t0 = time.perf_counter()
@@ -134,52 +139,62 @@ def main() -> None:
                 actor.supports_logits_to_keep = actor.prefix_cache = True
         mgr.close()
         pool.close()
-    learn_s = median([a for a, _ in learn])
-    learn_plain_s = median([a for a, _ in learn_plain])
-    learn_ratio = median([a / b for (a, _), (b, _) in zip(learn, learn_plain)])
-    prefix_ratio = median([a / b for a, b in zip(fixed_t, plain_t)])
-    learn_tok = median([b / a for a, b in learn if a > 0]) if learn else 0.0
-    step_s = median(with_t) + learn_s
+
+    def med(xs: list[float]) -> float | None:
+        return median(xs) if xs else None
+
+    def ratio(a: str, b: str) -> float | None:
+        return med([x / y for x, y in zip(t[a], t[b])])
+
+    learn_s = med([a for a, _ in learn])
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    paired = [a / b for a, b in zip(with_t, fixed_t)]       # manager / control, same round
-    noise = [a / b for a, b in zip(fixed2_t, fixed_t)]       # control / control, same round
-    ratio = median([a / b for a, b in zip(with_t, without_t)])
-    overhead = median(paired)
-    res = {"benchmark": "training", "environment": environment(), "env": args.env, "episodes_per_step": k * tasks,
-           "rollout_episodes_per_s": median(eps_s), "rollout_tokens_per_s": median(tok_s), "learner_tokens_per_s": learn_tok,
-           "learner_s": learn_s, "learner_s_plain": learn_plain_s, "ratio_learner_to_plain": learn_ratio,
-           "rollout_s_without_prefix_cache": median(plain_t), "ratio_prefix_cache_to_plain": prefix_ratio, "step_s": step_s, "peak_rss_mb": peak_mb, "rollout_s_with_manager": median(with_t),
-           "rollout_s_without": median(without_t), "ratio_with_to_without": ratio,
-           "rollout_s_fixed_entries": median(fixed_t), "ratio_manager_to_fixed": overhead,
-           "ratio_manager_to_fixed_per_round": paired, "ratio_control_to_control": median(noise),
-           "ratio_control_to_control_per_round": noise,
-           "retrieval_share_of_rollout": median(ret_s) / median(with_t), "rounds": rounds,
+    paired = [a / b for a, b in zip(t["manager"], t["fixed"])]  # manager / control, same round
+    noise = [a / b for a, b in zip(t["fixed2"], t["fixed"])]    # control / control, same round
+    res = {"benchmark": "training", "environment": environment(), "argv": sys.argv, "env": args.env, "episodes_per_step": k * tasks,
+           "modes": modes, "rollout_episodes_per_s": med(eps_s), "rollout_tokens_per_s": med(tok_s),
+           "learner_tokens_per_s": med([b / a for a, b in learn if a > 0]),
+           "learner_s": learn_s, "learner_s_plain": med([a for a, _ in learn_plain]),
+           "ratio_learner_to_plain": med([a / b for (a, _), (b, _) in zip(learn, learn_plain)]),
+           "rollout_s_without_prefix_cache": med(t["plain"]), "ratio_prefix_cache_to_plain": ratio("fixed", "plain"),
+           "rollout_s_without_dedupe": med(t["nodedupe"]), "ratio_dedupe_to_nodedupe": ratio("fixed", "nodedupe"),
+           "ratio_dedupe_to_nodedupe_per_round": [a / b for a, b in zip(t["fixed"], t["nodedupe"])],
+           "step_s": (med(t["manager"]) + learn_s) if t["manager"] and learn_s is not None else None, "peak_rss_mb": peak_mb,
+           "rollout_s_with_manager": med(t["manager"]), "rollout_s_without": med(t["none"]),
+           "ratio_with_to_without": ratio("manager", "none"), "rollout_s_fixed_entries": med(t["fixed"]),
+           "ratio_manager_to_fixed": med(paired), "ratio_manager_to_fixed_per_round": paired,
+           "ratio_control_to_control": med(noise), "ratio_control_to_control_per_round": noise,
+           "retrieval_share_of_rollout": med(ret_s) / med(t["manager"]) if ret_s else None, "rounds": rounds,
            "model": actor.describe()}
-    rng = lambda xs: f"{min(xs):.3f}–{max(xs):.3f}"  # noqa: E731
-    table = "\n".join([
-        "| measure | value |", "|---|---:|",
-        f"| episodes per step | {k * tasks} ({tasks} tasks × K={k}) |",
-        f"| rollout episodes/s | {res['rollout_episodes_per_s']:.2f} |",
-        f"| rollout tokens/s (generated) | {res['rollout_tokens_per_s']:.0f} |",
-        f"| learner tokens/s (rows × length) | {learn_tok:.0f} |",
-        f"| learner s per step | {learn_s:.2f} |",
-        f"| learner s per step, plain forward over every position (before) | {learn_plain_s:.2f} |",
-        f"| **ratio learner / plain** (same episodes, same round) | **{learn_ratio:.3f}** |",
-        f"| full step s (rollout + learner) | {step_s:.2f} |",
-        f"| peak RSS MB | {peak_mb:.0f} |",
-        f"| rollout s with ExperienceManager (K/2 retrieve) | {median(with_t):.2f} |",
-        f"| rollout s, same entries handed over without the manager | {median(fixed_t):.2f} |",
-        f"| rollout s without experience | {median(without_t):.2f} |",
-        f"| rollout s, same entries, shared prompt prefix recomputed per row (before) | {median(plain_t):.2f} |",
-        f"| **ratio rollout with prefix cache / without** (same round) | **{prefix_ratio:.3f}** |",
-        f"| **ratio manager / same entries without it** (target <= 1.02; per-round range) | **{overhead:.3f}** ({rng(paired)}) |",
-        f"| noise floor: the same control run twice, ratio (per-round range) | {median(noise):.3f} ({rng(noise)}) |",
-        f"| ratio manager / no experience (adds longer prompts) | {ratio:.3f} |",
-        f"| retrieval calls' share of the rollout | {100 * res['retrieval_share_of_rollout']:.2f}% |",
-        "", f"Model: {actor.describe()}; env {args.env}; medians of {rounds} interleaved rounds of paired ratios "
-        f"(learner: {len(learn)} rounds).",
-    ])
-    write_results("bench_training", res, table)
+    rng = lambda xs: f"{min(xs):.3f}–{max(xs):.3f}" if xs else "–"  # noqa: E731
+    f = lambda x, spec=".2f": "–" if x is None else format(x, spec)  # noqa: E731
+    rows = [
+        ("", f"| episodes per step | {k * tasks} ({tasks} tasks × K={k}) |"),
+        ("fixed", f"| rollout episodes/s | {f(res['rollout_episodes_per_s'])} |"),
+        ("fixed", f"| rollout tokens/s (generated) | {f(res['rollout_tokens_per_s'], '.0f')} |"),
+        ("learner", f"| learner tokens/s (rows × length) | {f(res['learner_tokens_per_s'], '.0f')} |"),
+        ("learner", f"| learner s per step | {f(learn_s)} |"),
+        ("learner", f"| learner s per step, plain forward over every position (before) | {f(res['learner_s_plain'])} |"),
+        ("learner", f"| **ratio learner / plain** (same episodes, same round) | **{f(res['ratio_learner_to_plain'], '.3f')}** |"),
+        ("learner", f"| full step s (rollout + learner) | {f(res['step_s'])} |"),
+        ("", f"| peak RSS MB | {peak_mb:.0f} |"),
+        ("manager", f"| rollout s with ExperienceManager (K/2 retrieve) | {f(res['rollout_s_with_manager'])} |"),
+        ("fixed", f"| rollout s, same entries handed over without the manager | {f(res['rollout_s_fixed_entries'])} |"),
+        ("none", f"| rollout s without experience | {f(res['rollout_s_without'])} |"),
+        ("plain", f"| rollout s, same entries, shared prompt prefix recomputed per row (before) | {f(res['rollout_s_without_prefix_cache'])} |"),
+        ("plain", f"| **ratio rollout with prefix cache / without** (same round) | **{f(res['ratio_prefix_cache_to_plain'], '.3f')}** |"),
+        ("nodedupe", f"| rollout s, same entries, identical prompts prefilled once per row (before) | {f(res['rollout_s_without_dedupe'])} |"),
+        ("nodedupe", f"| **ratio rollout with prompt dedupe / without** (same round; per-round range) | "
+                     f"**{f(res['ratio_dedupe_to_nodedupe'], '.3f')}** ({rng(res['ratio_dedupe_to_nodedupe_per_round'])}) |"),
+        ("manager", f"| **ratio manager / same entries without it** (target <= 1.02; per-round range) | **{f(res['ratio_manager_to_fixed'], '.3f')}** ({rng(paired)}) |"),
+        ("fixed2", f"| noise floor: the same control run twice, ratio (per-round range) | {f(res['ratio_control_to_control'], '.3f')} ({rng(noise)}) |"),
+        ("manager+none", f"| ratio manager / no experience (adds longer prompts) | {f(res['ratio_with_to_without'], '.3f')} |"),
+        ("manager", f"| retrieval calls' share of the rollout | {f(100 * res['retrieval_share_of_rollout'] if ret_s else None)}% |"),
+    ]
+    have = set(modes) | ({"learner"} if learn else set()) | {""}
+    table = "\n".join(["| measure | value |", "|---|---:|", *[line for need, line in rows if set(need.split("+")) <= have],
+                       "", f"Model: {actor.describe()}; env {args.env}; modes {', '.join(modes)}; medians of {rounds} interleaved "
+                       f"rounds of paired ratios (learner: {len(learn)} rounds)."])
+    write_results(args.out, res, table)
 
 
 if __name__ == "__main__":

@@ -136,6 +136,32 @@ def test_shared_prompt_prefix_runs_once_and_changes_nothing(hf, monkeypatch):
     assert len({tuple(b.token_ids) for b in batched}) > 1
 
 
+def test_identical_prompts_are_prefilled_once_and_sample_as_before(hf, monkeypatch):
+    """A group's rollouts of one task share their first prompt: it is prefilled once and its cache
+    rows repeated; each row still samples on its own, exactly as without the dedupe."""
+    ps = prompts_of(hf)
+    prompts = [ps[0], ps[1], ps[0], ps[0], ps[2], ps[1]]
+    assert hf.dedupe_prompts and len({tuple(p) for p in ps[:3]}) == 3
+    calls = []
+    forward = hf._forward
+    monkeypatch.setattr(hf, "_forward", lambda **kw: calls.append(kw["input_ids"].shape) or forward(**kw))
+    got = hf.generate(prompts, max_new_tokens=8, temperature=1.0, seed=3)
+    assert calls[-2][0] == 6 and sum(c[0] for c in calls if c[1] > 1) <= 3  # prefill: 3 rows (and any shared head: 1)
+    monkeypatch.setattr(hf, "_forward", forward)
+    hf.dedupe_prompts = False
+    try:
+        plain = hf.generate(prompts, max_new_tokens=8, temperature=1.0, seed=3)
+    finally:
+        hf.dedupe_prompts = True
+    for p, a, b in zip(prompts, got, plain):
+        assert a.prompt_ids == b.prompt_ids == list(p)  # outputs in the order given
+        assert a.token_ids == b.token_ids
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+    assert len({tuple(g.token_ids) for g in got if g.prompt_ids == list(ps[0])}) > 1  # one prompt, three samples
+    same = hf.generate([ps[1]] * 4, max_new_tokens=8, temperature=0.0)  # every prompt the same: one prefill row
+    assert all(g.token_ids == hf.generate([ps[1]], max_new_tokens=8, temperature=0.0)[0].token_ids for g in same)
+
+
 def test_stop_string_cuts_text_but_keeps_ids(hf):
     p = hf.encode("You are in the kitchen. You see")
     full = hf.generate([p], max_new_tokens=24, temperature=0.0)[0]
