@@ -78,16 +78,6 @@ def pair_cosines(store, ids_sets) -> list[float]:
     return out
 
 
-def store_ids_written(store) -> list[int]:
-    from sqlalchemy import select
-
-    from core.store import EntryRow
-    from core.types import Source
-
-    with store._session() as s:
-        return list(s.scalars(select(EntryRow.id).where(EntryRow.created_step == STEP, EntryRow.source == Source.MERGED.value)))
-
-
 def references(store) -> dict[str, float]:
     ids, vecs, entries = store.active_vectors("text")
     v = vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
@@ -120,7 +110,8 @@ def run_arm(src: Path, work: Path, name: str, cfg, data_dir: str) -> dict:
         m = loop.merge(STEP)
         wall = time.perf_counter() - t0
         # every entry this merge wrote, still active or merged again later in the same walk
-        groups = [e.parent_ids for e in store.get_many(store_ids_written(store)).values() if len(e.parent_ids) >= 2]
+        written = store.list_entries(source="merged", status=None, limit=1_000_000).entries
+        groups = [e.parent_ids for e in written if e.created_step == STEP and len(e.parent_ids) >= 2]
         cos = pair_cosines(store, groups)
         why: dict[str, int] = {}
         for err in loop.last_merge.errors if loop.last_merge else []:

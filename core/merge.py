@@ -15,6 +15,7 @@ task's entries so that entries saying the same thing share a chunk.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence, Union
 
@@ -240,12 +241,12 @@ def merge_walks(store: ExperienceStore, walks: Sequence[Sequence[Experience]], m
     if batch < 1:
         raise ValueError("batch must be >= 1")
     report = MergeReport(before=sum(len(w) for w in walks))
-    todo = [_Walk(w, chunk_size) for w in walks]
+    waiting = deque(_Walk(w, chunk_size) for w in walks)  # walks not started yet
     done: list[_Walk] = []
     live: list[_Walk] = []
-    while todo or live:
-        while len(live) < batch and todo:
-            live.append(todo.pop(0))
+    while waiting or live:
+        while len(live) < batch and waiting:
+            live.append(waiting.popleft())
         round_: list[tuple[_Walk, list[Experience]]] = []
         for w in live:
             chunk = w.next_chunk()
