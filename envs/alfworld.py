@@ -808,6 +808,7 @@ class AlfworldEnv:
     """One ALFWorld task type (or all of them) behind the TextEnv protocol."""
 
     action_format = ACTION_FORMAT
+    keep_intro = True  # the first observation lists the room's receptacles; nothing later does
 
     def __init__(self, task_type: str = "all", *, split: str | None = None, data_dir: str | None = None,
                  max_turns: int = 50, cache_dir: str | os.PathLike[str] | None = None,
@@ -840,6 +841,7 @@ class AlfworldEnv:
         self.done = True
         self.observed: set[str] = set()  # receptacles whose contents the agent has seen this episode
         self.history: list[tuple[str, str]] = []  # (action, observation); the first has action ""
+        self.listing: list[str] = []  # receptacles in the order the first observation names them
 
     # -- protocol ------------------------------------------------------------------------------
 
@@ -856,6 +858,7 @@ class AlfworldEnv:
         self.task = _task_text(obs)
         self.history = [("", obs)]
         self.world = self._read_view()
+        self.listing = _listing(obs, self.world.receptacles)
         return obs, self._info(invalid=False)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -1017,6 +1020,16 @@ def _name_key(name: str) -> tuple[str, int]:
     return (kind, int(number)) if number.isdigit() else (name, 0)
 
 
+def _listing(intro: str, receptacles: list[str]) -> list[str]:
+    """The receptacles in the order the intro names them ("you see a cabinet 2, a cabinet 1, ..."),
+    then any it does not name, in name order."""
+    m = re.search(r"you see (.*?)\.\s*(?:\n|$)", intro)
+    named = [re.sub(r"^(?:and )?an? ", "", part.strip()) for part in m.group(1).split(",")] if m else []
+    known = set(receptacles)
+    order = [r for r in dict.fromkeys(named) if r in known]
+    return order + [r for r in receptacles if r not in set(order)]
+
+
 def _task_text(intro: str) -> str:
     marker = "Your task is to:"
     if marker in intro:
@@ -1056,7 +1069,9 @@ def alfworld_expert(env: AlfworldEnv, mode: str = "oracle") -> str:
 
     def search(of_type: str) -> str:
         placement = priors.placement(of_type)
-        unseen = [r for r in view.receptacles if r not in known]
+        # In the order the room's first observation lists them (the one order a policy can read back
+        # from its prompt), most likely receptacle type first.
+        unseen = [r for r in (env.listing or view.receptacles) if r not in known]
         if not unseen:
             return "look"  # everything seen and nothing found: nothing useful left to do
         unseen.sort(key=lambda r: -placement.get(view.kind.get(r, ""), 0.0))  # stable: listing order breaks ties

@@ -11,6 +11,8 @@ Rules every env keeps:
   which forms are valid, `info["invalid_action"] = True`, and it counts as a turn.
 - At episode end (terminated or truncated) `info["success"]` is a bool.
 - `info["admissible_actions"]` lists valid actions where the env knows them.
+- Optional: `env.keep_intro = True` keeps the episode's first observation in the actor's prompt
+  after the history window has moved past it (ALFWorld names the room's receptacles only there).
 """
 from __future__ import annotations
 

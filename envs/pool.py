@@ -46,6 +46,7 @@ class SlotResult:
     action_format: str = ""
     max_turns: int = 0
     name: str = ""
+    keep_intro: bool = False  # the env asks to keep its first observation in the prompt (envs/base.py)
 
     @property
     def done(self) -> bool:
@@ -87,7 +88,8 @@ def _worker(conn: Connection, specs: dict[int, EnvSpec]) -> None:
                 seed, options = arg
                 obs, info = env.reset(seed=seed, options=options)
                 out = SlotResult(slot, obs, info=info, task=env.task, action_format=env.action_format,
-                                 max_turns=env.max_turns, name=env.name)
+                                 max_turns=env.max_turns, name=env.name,
+                                 keep_intro=bool(getattr(env, "keep_intro", False)))
             elif cmd == "step":
                 if slot not in envs:
                     raise RuntimeError("step before reset")

@@ -426,3 +426,34 @@ def test_closed_env_returns_its_library_copy(cache_dir):
         assert b.step("look")[4]["invalid_action"] is False
     finally:
         b.close()
+
+
+def test_listing_follows_the_first_observation(envs):
+    """The prior expert searches in the order the room's first observation lists the receptacles,
+    the one order a policy can read back from its prompt (it keeps that observation: keep_intro)."""
+    env = envs["pick_and_place"]
+    assert env.keep_intro is True
+    intro, _ = env.reset(seed=0)
+    assert sorted(env.listing) == sorted(env.world.receptacles)
+    positions = [intro.index(f"a {r},") if f"a {r}," in intro else intro.index(f"a {r}.") for r in env.listing]
+    assert positions == sorted(positions)
+    assert aw._listing("You see nothing.", ["b 1", "a 1"]) == ["b 1", "a 1"]  # nothing named: name order kept
+    for seed in range(4):
+        env.reset(seed=seed)
+        env.priors, real = _Flat(env.priors), env.priors  # no placement knowledge: pure listing order
+        try:
+            first = aw.alfworld_expert(env, "prior")
+        finally:
+            env.priors = real
+        assert first == f"go to {env.listing[0]}"
+
+
+class _Flat:
+    def __init__(self, priors):
+        self._p = priors
+
+    def placement(self, object_type):
+        return {}
+
+    def __getattr__(self, name):
+        return getattr(self._p, name)

@@ -199,3 +199,34 @@ def test_evaluation_greedy_then_sampled_on_held_out_seeds(pool, tiny):
     assert m["eval/success_without_exp"] == m["eval/success_without_exp_sampled"] == 0.0  # "north" never reaches the stairs
     assert m["eval/actions_without_exp_sampled"] == 2.0
     assert r.ac.temperature == 0.7  # the roller itself is left as it was
+
+
+def test_fit_history_keeps_the_first_pair_when_asked():
+    from trainers import prompts as P
+
+    hist = [("intro: you see a cabinet 1", "go to cabinet 1"), ("o1", "a1"), ("o2", "a2"), ("o3", "a3")]
+    assert P.fit_history(hist, max_turns=2, max_chars=1000) == hist[-2:]
+    assert P.fit_history(hist, max_turns=2, max_chars=1000, keep_first=True) == [hist[0], *hist[-2:]]
+    assert P.fit_history(hist[:2], max_turns=2, max_chars=1000, keep_first=True) == hist[:2]  # never twice
+    # the first pair counts against the character budget; the recent ones are cut first
+    budget = len(hist[0][0]) + len(hist[0][1]) + 4
+    assert P.fit_history(hist, max_turns=2, max_chars=budget, keep_first=True) == [hist[0], hist[-1]]
+    # a first pair over the whole budget is dropped like any other
+    assert P.fit_history(hist, max_turns=2, max_chars=5, keep_first=True) == [hist[-1]]
+    assert P.fit_history(hist, max_turns=0, max_chars=1000, keep_first=True) == []
+
+
+def test_alfworld_intro_stays_in_the_prompt(tiny):
+    """ALFWorld names the room's receptacles only in its first observation: every later prompt keeps it."""
+    pytest.importorskip("alfworld")
+    p = EnvPool(["alfworld/pick_and_place"], num_workers=1)
+    try:
+        actor = ScriptedActor(tiny, ["look"])
+        r = Roller(actor, p, None, rollout_cfg=RolloutSection(history_turns=1), actor_cfg=ModelSection(), max_turns=4)
+        ep = r.collect([EpisodeSpec("alfworld/pick_and_place", 3, False, 0)], step=0)[0]
+        prompts = [tiny.tokenizer.decode(t.prompt_ids) for t in ep.turns]
+        assert len(prompts) == 4
+        assert all("Looking quickly around you" in q for q in prompts)
+        assert all(q.count("Earlier observation:") == min(i, 2) for i, q in enumerate(prompts))  # intro + 1 recent
+    finally:
+        p.close()

@@ -117,16 +117,25 @@ def actor_messages(
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
-def fit_history(history: Sequence[tuple[str, str]], *, max_turns: int, max_chars: int) -> list[tuple[str, str]]:
-    """The most recent (observation, action) pairs within a turn and character budget."""
+def fit_history(history: Sequence[tuple[str, str]], *, max_turns: int, max_chars: int,
+                keep_first: bool = False) -> list[tuple[str, str]]:
+    """The most recent (observation, action) pairs within a turn and character budget.
+
+    `keep_first` also keeps the episode's first pair, ahead of the recent ones and inside the same
+    character budget (ALFWorld names the room's receptacles only in its first observation)."""
+    pairs = list(history)
+    first: list[tuple[str, str]] = []
+    if keep_first and pairs and max_turns > 0 and len(pairs[0][0]) + len(pairs[0][1]) <= max_chars:
+        first, pairs = pairs[:1], pairs[1:]
+        max_chars -= len(first[0][0]) + len(first[0][1])
     out: list[tuple[str, str]] = []
     used = 0
-    for o, a in reversed(list(history)[-max_turns:] if max_turns > 0 else []):
+    for o, a in reversed(pairs[-max_turns:] if max_turns > 0 else []):
         used += len(o) + len(a)
         if used > max_chars:
             break
         out.append((o, a))
-    return out[::-1]
+    return first + out[::-1]
 
 
 def parse_actor_reply(text: str) -> tuple[str, str]:

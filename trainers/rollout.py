@@ -84,6 +84,7 @@ class _Live:
     turns: int = 0
     max_turns: int = 0
     done: bool = False
+    keep_intro: bool = False
 
 
 class Roller:
@@ -107,7 +108,8 @@ class Roller:
         msgs = P.actor_messages(
             action_format=live.action_format, task=live.ep.traj.task, observation=live.observation,
             experience=live.ep.traj.experience_text,
-            history=P.fit_history(live.history, max_turns=self.rc.history_turns, max_chars=self.rc.history_chars),
+            history=P.fit_history(live.history, max_turns=self.rc.history_turns, max_chars=self.rc.history_chars,
+                                  keep_first=live.keep_intro),
             allow_tool=self.rc.search_and_ask > 0 and self.tool_fn is not None, templates=self.templates)
         return list(self.actor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))
 
@@ -204,7 +206,7 @@ class Roller:
                           group_id=spec.group_id)
         ep = Episode(spec, traj)
         limit = min(r.max_turns, self.max_turns) if self.max_turns else r.max_turns
-        lv = _Live(ep, slot, r.action_format, r.obs, max_turns=max(1, limit))
+        lv = _Live(ep, slot, r.action_format, r.obs, max_turns=max(1, limit), keep_intro=r.keep_intro)
         if r.error:  # the env failed to start: a failed episode, the run goes on
             ep.error = r.error
             self._finish(lv, truncated=False)
@@ -285,10 +287,11 @@ class EpisodePlayer:
     """
 
     def __init__(self, env_name: str, seed: int, *, data_dir: str, db_url: str, checkpoint: str = "", use_library: bool = True,
-                 max_new_tokens: int = 24, search_and_ask: int = 2):
+                 max_new_tokens: int = 24, search_and_ask: int = 2, history_turns: int | None = None,
+                 history_chars: int | None = None):
         from core.config import LibraryConfig
         from envs.registry import make_env
-        from trainers.config import resolve_model_path
+        from trainers.config import RolloutSection, resolve_model_path
         from trainers.models import HFBackend
 
         path = checkpoint
@@ -303,6 +306,9 @@ class EpisodePlayer:
         self.env = make_env(env_name)
         self.env_name, self.seed = env_name, seed
         self.max_new_tokens, self.search_budget = max_new_tokens, search_and_ask
+        defaults = RolloutSection()  # the prompt the embedded policy was trained on, unless told otherwise
+        self.history_turns = defaults.history_turns if history_turns is None else history_turns
+        self.history_chars = defaults.history_chars if history_chars is None else history_chars
         self.manager = None
         if use_library:
             import dataclasses
@@ -335,7 +341,8 @@ class EpisodePlayer:
             raise RuntimeError("the episode is over; call reset() to play it again")
         allow_tool = self.manager is not None and self.tool_calls < self.search_budget
         msgs = P.actor_messages(action_format=self.env.action_format, task=self.env.task, observation=self.observation,
-                                experience=self.experience, history=P.fit_history(self.history, max_turns=2, max_chars=1200),
+                                experience=self.experience, history=P.fit_history(self.history, max_turns=self.history_turns, max_chars=self.history_chars,
+                                                                keep_first=bool(getattr(self.env, "keep_intro", False))),
                                 allow_tool=allow_tool)
         ids = list(self.actor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))
         out = self.actor.generate([ids], max_new_tokens=self.max_new_tokens, temperature=0.0, stop=["\n"])[0]

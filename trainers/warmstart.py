@@ -169,6 +169,7 @@ class Demo:
     success: bool
     source: str  # "expert" | "noisy" | "dagger" | "eval"
     facts: dict[str, Any] = field(default_factory=dict)  # what the teacher knows: stairs offset, monsters, ...
+    keep_intro: bool = False  # the env keeps its first observation in the prompt (envs/base.py)
 
 
 @dataclass
@@ -393,7 +394,8 @@ def _play_expert(teacher: _Teacher, env_name: str, seed: int, condition: str, ep
         obs, _, term, trunc, info = env.step(taken)
         if term or trunc:
             break
-    return Demo(env_name, seed, env.task, env.action_format, condition, entry, turns, bool(info.get("success")), source, facts)
+    return Demo(env_name, seed, env.task, env.action_format, condition, entry, turns, bool(info.get("success")), source, facts,
+                keep_intro=bool(getattr(env, "keep_intro", False)))
 
 
 def collect_demos(cfg: WarmStartConfig, *, tick: Callable[[int], None] | None = None) -> list[Demo]:
@@ -433,7 +435,7 @@ def _eval_seed(env_index: int, i: int) -> int:
 # ============================================================================ SFT examples
 
 def _actor_prompt(cfg: WarmStartConfig, demo: Demo, turn: Turn) -> list[dict[str, str]]:
-    hist = P.fit_history(turn.history, max_turns=cfg.history_turns, max_chars=cfg.history_chars)
+    hist = P.fit_history(turn.history, max_turns=cfg.history_turns, max_chars=cfg.history_chars, keep_first=demo.keep_intro)
     return P.actor_messages(action_format=demo.action_format, task=demo.task, observation=turn.observation,
                             experience=demo.entry, history=hist, allow_tool=cfg.allow_tool)
 
@@ -759,7 +761,8 @@ def _rollout_chunk(backend: Any, cfg: WarmStartConfig, specs: Sequence[tuple[str
             envs.append(env)
             teacher = _Teacher(env)
             obs, entry, facts = teacher.start(s, cond, rng)
-            demo = Demo(name, s, env.task, env.action_format, cond, entry, [], False, source, facts)
+            demo = Demo(name, s, env.task, env.action_format, cond, entry, [], False, source, facts,
+                        keep_intro=bool(getattr(env, "keep_intro", False)))
             lives.append(_Live(teacher, demo, obs, []))
         turn = 0
         while any(not lv.done for lv in lives):
