@@ -11,6 +11,7 @@ import re
 import os
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -148,6 +149,13 @@ def _type_ok(value: Any, tp: Any) -> bool:
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
+# Fields that older configs (a run folder's saved config.yaml) may still carry: dropped with a warning,
+# so that a run made before the field went can still be evaluated, resumed or compared.
+RETIRED_FIELDS = {
+    "library.merge.every_actor_updates": "nothing read it; extractor.merge_every sets how often the library is merged",
+}
+
+
 def from_dict(cls: type, data: dict[str, Any] | None, path: str = "", base: Any = None) -> Any:
     """Build dataclass `cls` from a (possibly partial) dict; unknown fields and bad types are errors.
 
@@ -159,6 +167,11 @@ def from_dict(cls: type, data: dict[str, Any] | None, path: str = "", base: Any 
         raise ConfigError(f"{path or 'config'} must be a mapping, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
+    for name in sorted(set(data) - set(fields)):
+        dotted = f"{path}.{name}" if path else name
+        if dotted in RETIRED_FIELDS:
+            warnings.warn(f"config field {dotted} is no longer used and was ignored: {RETIRED_FIELDS[dotted]}", stacklevel=2)
+            del data[name]
     unknown = sorted(set(data) - set(fields))
     if unknown:
         where = f"{path}." if path else ""

@@ -90,3 +90,12 @@ def test_room_random_config_is_the_default_on_the_lit_room():
                                                               {"minihack/Room-Random-5x5": 1.0})
     assert (a["run"].pop("name"), b["run"].pop("name")) == ("minihack-room-cpu", "minihack-room-random-cpu")
     assert a == b
+
+
+def test_a_retired_field_in_an_old_run_config_is_dropped_with_a_warning():
+    """A run saved before a field was removed still loads (to be evaluated or resumed); a typo still fails."""
+    with pytest.warns(UserWarning, match="library.merge.every_actor_updates"):
+        cfg = load_run_config("library: {merge: {every_actor_updates: 5, chunk_size: 4}}\n")
+    assert cfg.library.merge.chunk_size == 4
+    with pytest.raises(ConfigError, match="library.merge.every_actor_update"):
+        load_run_config("library: {merge: {every_actor_update: 5}}\n")
