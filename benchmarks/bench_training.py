@@ -97,6 +97,7 @@ def main() -> None:
     k, tasks = cfg.rollout.group_size, args.tasks or cfg.rollout.tasks_per_step
     t: dict[str, list[float]] = {m: [] for m in MODES}
     ret_s, eps_s, tok_s, learn, learn_plain = [], [], [], [], []
+    env_errors: dict[int, int] = {}  # round -> episodes whose env failed (they end at once: the round's times are void)
     with tempfile.TemporaryDirectory() as d:
         store = ExperienceStore(f"sqlite:///{d}/bench.db")
         lib = LibraryConfig()
@@ -123,6 +124,10 @@ def main() -> None:
                 t0 = time.perf_counter()
                 eps_r = roller.collect(base if mode == "none" else specs, step=r)
                 t[mode].append(time.perf_counter() - t0)
+                failed = sum(1 for e in eps_r if e.error)
+                if failed:
+                    env_errors[r] = env_errors.get(r, 0) + failed
+                    print(f"round {r}, {mode}: {failed} episodes ended with an env error; the round is left out", file=sys.stderr)
                 actor.prefix_cache = actor.dedupe_prompts = True
                 if mode == "manager":
                     ret_s.append(roller.stats["rollout/retrieval_s"])
@@ -135,10 +140,18 @@ def main() -> None:
                     actor.supports_logits_to_keep = actor.prefix_cache = fast
                     t0 = time.perf_counter()
                     st = actor_update(actor, opt, eps, cfg.loss, still)
-                    (learn if fast else learn_plain).append((time.perf_counter() - t0, st["policy/tokens"] if "policy/tokens" in st else 0.0))
+                    (learn if fast else learn_plain).append((time.perf_counter() - t0, st["policy/tokens"] if "policy/tokens" in st else 0.0, r))
                 actor.supports_logits_to_keep = actor.prefix_cache = True
         mgr.close()
         pool.close()
+
+    # A round in which an env failed timed episodes that ended at once: leave it out of every statistic.
+    raw = {m: list(v) for m, v in t.items()}
+    keep = [r for r in range(rounds) if r not in env_errors]
+    t = {m: [v[r] for r in keep if r < len(v)] for m, v in t.items()}
+    ret_s, eps_s, tok_s = ([xs[r] for r in keep if r < len(xs)] for xs in (ret_s, eps_s, tok_s))
+    learn = [(a, b) for a, b, r in learn if r in keep]
+    learn_plain = [(a, b) for a, b, r in learn_plain if r in keep]
 
     def med(xs: list[float]) -> float | None:
         return median(xs) if xs else None
@@ -164,6 +177,7 @@ def main() -> None:
            "ratio_manager_to_fixed": med(paired), "ratio_manager_to_fixed_per_round": paired,
            "ratio_control_to_control": med(noise), "ratio_control_to_control_per_round": noise,
            "retrieval_share_of_rollout": med(ret_s) / med(t["manager"]) if ret_s else None, "rounds": rounds,
+           "rounds_left_out_env_errors": sorted(env_errors), "times_s": raw,
            "model": actor.describe()}
     rng = lambda xs: f"{min(xs):.3f}–{max(xs):.3f}" if xs else "–"  # noqa: E731
     f = lambda x, spec=".2f": "–" if x is None else format(x, spec)  # noqa: E731
@@ -193,7 +207,8 @@ def main() -> None:
     have = set(modes) | ({"learner"} if learn else set()) | {""}
     table = "\n".join(["| measure | value |", "|---|---:|", *[line for need, line in rows if set(need.split("+")) <= have],
                        "", f"Model: {actor.describe()}; env {args.env}; modes {', '.join(modes)}; medians of {rounds} interleaved "
-                       f"rounds of paired ratios (learner: {len(learn)} rounds)."])
+                       f"rounds of paired ratios (learner: {len(learn)} rounds)"
+                       + (f"; rounds {sorted(env_errors)} left out: an env failed during them" if env_errors else "") + "."])
     write_results(args.out, res, table)
 
 
