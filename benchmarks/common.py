@@ -32,7 +32,8 @@ def environment() -> dict[str, Any]:
     import torch
 
     return {"commit": commit, "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
-            "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "load_avg_15min": round(os.getloadavg()[2], 2)}  # other work on the machine while the bench ran
 
 
 def write_results(name: str, result: dict[str, Any], table_md: str, results_dir: Path | None = None) -> None:
@@ -40,7 +41,8 @@ def write_results(name: str, result: dict[str, Any], table_md: str, results_dir:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps(result, indent=2))
     env = result.get("environment", {})
-    head = f"# {name}\n\ncommit {env.get('commit', '?')}, {env.get('cpus', '?')} CPUs, {env.get('time', '')}\n\n"
+    load = f", 15-min load average {env['load_avg_15min']} at the end" if "load_avg_15min" in env else ""
+    head = f"# {name}\n\ncommit {env.get('commit', '?')}, {env.get('cpus', '?')} CPUs, {env.get('time', '')}{load}\n\n"
     (out / f"{name}.md").write_text(head + table_md + "\n")
     print(table_md)
 
