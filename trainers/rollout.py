@@ -340,10 +340,10 @@ class EpisodePlayer:
         if self.done:
             raise RuntimeError("the episode is over; call reset() to play it again")
         allow_tool = self.manager is not None and self.tool_calls < self.search_budget
+        history = P.fit_history(self.history, max_turns=self.history_turns, max_chars=self.history_chars,
+                                keep_first=bool(getattr(self.env, "keep_intro", False)))
         msgs = P.actor_messages(action_format=self.env.action_format, task=self.env.task, observation=self.observation,
-                                experience=self.experience, history=P.fit_history(self.history, max_turns=self.history_turns, max_chars=self.history_chars,
-                                                                keep_first=bool(getattr(self.env, "keep_intro", False))),
-                                allow_tool=allow_tool)
+                                experience=self.experience, history=history, allow_tool=allow_tool)
         ids = list(self.actor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))
         out = self.actor.generate([ids], max_new_tokens=self.max_new_tokens, temperature=0.0, stop=["\n"])[0]
         kind, content = P.parse_actor_reply(out.text)

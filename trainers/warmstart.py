@@ -58,6 +58,9 @@ __all__ = [
 
 MARKER = "warmstart.json"
 FORMAT_VERSION = 3  # bump when the pipeline changes in a way that should rebuild existing folders
+# ALFWorld builds only: 2 = the room's first observation stays in the prompt (env.keep_intro) and the
+# expert searches in the order it lists the receptacles.
+ALFWORLD_PROMPT_VERSION = 2
 IGNORE = -100  # label of a token that carries no loss
 
 # Words a confused agent types: invalid in every MiniHack task, so the noisy expert's states teach recovery.
@@ -139,7 +142,10 @@ class WarmStartConfig:
 
     def digest(self) -> str:
         """Hash of everything that shapes the models: a changed config rebuilds them."""
-        blob = json.dumps({"config": asdict(self), "format": FORMAT_VERSION}, sort_keys=True)
+        shape: dict[str, Any] = {"config": asdict(self), "format": FORMAT_VERSION}
+        if any(e.startswith("alfworld/") for e in self.envs):
+            shape["alfworld_prompt"] = ALFWORLD_PROMPT_VERSION  # MiniHack-only builds keep their hash
+        blob = json.dumps(shape, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
