@@ -68,6 +68,19 @@ def test_tokenizer_has_chatml_and_specials(hf, model_dir):
     assert cfg["model_type"] == "qwen2" and cfg["tie_word_embeddings"] is True
 
 
+def test_the_loaded_tokenizer_splits_text_as_the_built_one(hf):
+    """The warm start trains with the tokenizer it built; a run loads the saved folder (as a Qwen2
+    tokenizer). Both must turn every text, numbers included, into the same ids, or a policy reads
+    "drawer 3" or "2 south" at run time as tokens it never saw in training."""
+    built = build_tokenizer(TEXTS, vocab_size=400)
+    for text in ("open fridge 3. take apple 12 from countertop 1", "HP:12(12) Dlvl:1 5x5, it's 2 south\n\n  x",
+                 "Ünïcode café 123 ✓", "## Title: Where to find a mug\n## Content: a mug 2 is in cabinet 10."):
+        assert built(text, add_special_tokens=False)["input_ids"] == hf.tokenizer(text, add_special_tokens=False)["input_ids"], text
+    msgs = [{"role": "system", "content": "Actions: go to X 1"}, {"role": "user", "content": "you see a drawer 3, a drawer 2"}]
+    a = built.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+    assert list(a if isinstance(a, list) else a["input_ids"]) == list(hf.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))
+
+
 def test_load_backend_describes_itself(model_dir, capsys):
     b = load_backend("auto" if not (vllm_available() and torch.cuda.is_available()) else "hf", model_dir, device="cpu")
     assert isinstance(b, HFBackend)

@@ -974,6 +974,11 @@ def load_backend(
 
 # ---------------------------------------------------------------------------- tiny default models
 
+# Qwen2's pre-tokenisation pattern (what transformers applies when it loads a Qwen2 folder's tokenizer).
+QWEN2_PRETOKENIZE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                     r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
 def build_tokenizer(texts: Iterable[str], vocab_size: int = 2048, *, min_frequency: int = 2, model_max_length: int = 4096) -> Any:
     """A byte-level BPE tokenizer trained on `texts`, with ChatML special tokens and template.
 
@@ -981,11 +986,20 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int = 2048, *, min_frequen
     turn) and <|pad|> (a pad distinct from EOS, so masks never confuse the two). Byte-level means
     any text encodes, including characters never seen in training.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # The folder is saved as a Qwen2 model, and transformers loads a Qwen2 folder's tokenizer with
+    # Qwen2's own normaliser and pre-tokeniser whatever tokenizer.json says. Train with exactly those,
+    # so the tokenizer a run loads splits text as the one the warm start trained with. (With GPT-2's
+    # ByteLevel regex, " 4" was one token in training and " ", "4" after loading: every number an
+    # actor read, ALFWorld's "drawer 3" or an entry's "2 south", was a sequence it had never seen.)
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 MARKER = "warmstart.json"
-FORMAT_VERSION = 3  # bump when the pipeline changes in a way that should rebuild existing folders
+FORMAT_VERSION = 4  # bump when the pipeline changes in a way that should rebuild existing folders
 # ALFWorld builds only: 2 = the room's first observation stays in the prompt (env.keep_intro) and the
 # expert searches in the order it lists the receptacles.
 ALFWORLD_PROMPT_VERSION = 2
