@@ -33,6 +33,11 @@ class TextEnv(Protocol):
     def close(self) -> None: ...
 
 
+def keeps_intro(env: object) -> bool:
+    """Whether the env asks for its first observation to stay in the actor's prompt (`keep_intro`)."""
+    return bool(getattr(env, "keep_intro", False))
+
+
 class EnvError(RuntimeError):
     """An env cannot be built or run here (missing data, Docker, a package); the message says how to fix it."""
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Sequence
 
-from envs.base import TextEnv
+from envs.base import TextEnv, keeps_intro
 
 EnvSpec = str | Callable[[], TextEnv]
 
@@ -89,7 +89,7 @@ def _worker(conn: Connection, specs: dict[int, EnvSpec]) -> None:
                 obs, info = env.reset(seed=seed, options=options)
                 out = SlotResult(slot, obs, info=info, task=env.task, action_format=env.action_format,
                                  max_turns=env.max_turns, name=env.name,
-                                 keep_intro=bool(getattr(env, "keep_intro", False)))
+                                 keep_intro=keeps_intro(env))
             elif cmd == "step":
                 if slot not in envs:
                     raise RuntimeError("step before reset")

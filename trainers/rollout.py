@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from core.types import Step, Trajectory
+from envs.base import keeps_intro
 from envs.pool import EnvPool, SlotResult
 from trainers import prompts as P
 
@@ -341,7 +342,7 @@ class EpisodePlayer:
             raise RuntimeError("the episode is over; call reset() to play it again")
         allow_tool = self.manager is not None and self.tool_calls < self.search_budget
         history = P.fit_history(self.history, max_turns=self.history_turns, max_chars=self.history_chars,
-                                keep_first=bool(getattr(self.env, "keep_intro", False)))
+                                keep_first=keeps_intro(self.env))
         msgs = P.actor_messages(action_format=self.env.action_format, task=self.env.task, observation=self.observation,
                                 experience=self.experience, history=history, allow_tool=allow_tool)
         ids = list(self.actor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from core.types import format_entry_text
+from envs.base import keeps_intro
 from trainers import prompts as P
 from trainers.models import BackendError, build_tiny_qwen2, build_tokenizer, load_backend, save_model_folder
 
@@ -57,10 +58,9 @@ __all__ = [
 ]
 
 MARKER = "warmstart.json"
-FORMAT_VERSION = 4  # bump when the pipeline changes in a way that should rebuild existing folders
-# ALFWorld builds only: 2 = the room's first observation stays in the prompt (env.keep_intro) and the
-# expert searches in the order it lists the receptacles.
-ALFWORLD_PROMPT_VERSION = 2
+# Bump when the pipeline changes in a way that should rebuild existing folders. 4: the tokenizer splits
+# as the loaded one does; ALFWorld keeps its first observation in the prompt (env.keep_intro).
+FORMAT_VERSION = 4
 IGNORE = -100  # label of a token that carries no loss
 
 # Words a confused agent types: invalid in every MiniHack task, so the noisy expert's states teach recovery.
@@ -142,10 +142,7 @@ class WarmStartConfig:
 
     def digest(self) -> str:
         """Hash of everything that shapes the models: a changed config rebuilds them."""
-        shape: dict[str, Any] = {"config": asdict(self), "format": FORMAT_VERSION}
-        if any(e.startswith("alfworld/") for e in self.envs):
-            shape["alfworld_prompt"] = ALFWORLD_PROMPT_VERSION  # MiniHack-only builds keep their hash
-        blob = json.dumps(shape, sort_keys=True)
+        blob = json.dumps({"config": asdict(self), "format": FORMAT_VERSION}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -401,7 +398,7 @@ def _play_expert(teacher: _Teacher, env_name: str, seed: int, condition: str, ep
         if term or trunc:
             break
     return Demo(env_name, seed, env.task, env.action_format, condition, entry, turns, bool(info.get("success")), source, facts,
-                keep_intro=bool(getattr(env, "keep_intro", False)))
+                keep_intro=keeps_intro(env))
 
 
 def collect_demos(cfg: WarmStartConfig, *, tick: Callable[[int], None] | None = None) -> list[Demo]:
@@ -768,7 +765,7 @@ def _rollout_chunk(backend: Any, cfg: WarmStartConfig, specs: Sequence[tuple[str
             teacher = _Teacher(env)
             obs, entry, facts = teacher.start(s, cond, rng)
             demo = Demo(name, s, env.task, env.action_format, cond, entry, [], False, source, facts,
-                        keep_intro=bool(getattr(env, "keep_intro", False)))
+                        keep_intro=keeps_intro(env))
             lives.append(_Live(teacher, demo, obs, []))
         turn = 0
         while any(not lv.done for lv in lives):
