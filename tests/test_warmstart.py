@@ -280,6 +280,7 @@ def test_alfworld_warm_start_builds_and_the_study_names_it_by_path(tmp_path, mon
     marker = json.loads((paths["policy"] / W.MARKER).read_text())
     assert marker["config"]["envs"] == ["alfworld/pick_and_place"]
     assert set(marker["results"]["policy"]["eval"]) == {f"alfworld/pick_and_place/{c}" for c in ("none", "correct", "wrong")}
+    assert marker["results"]["policy"]["action_max_new_tokens"] > cfg.action_max_new_tokens  # room for "take X from Y"
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from benchmarks.study import prepare_models, unseen_families
 
@@ -289,6 +290,22 @@ def test_alfworld_warm_start_builds_and_the_study_names_it_by_path(tmp_path, mon
     plan = [{"config": Path(__file__).resolve().parents[1] / c} for c in ("configs/alfworld_cpu.yaml", "configs/minihack_room_cpu.yaml")]
     warn = unseen_families(plan, models)
     assert len(warn) == 1 and warn[0].startswith("warning: minihack_room_cpu.yaml plays minihack")
+
+
+def test_action_budget_covers_the_longest_demonstrated_action():
+    """The rollouts' per-turn token budget fits every demonstrated action and its end token: ALFWorld's
+    "take X from Y" is longer than the 8 tokens that suit MiniHack's compass words, and a budget that cuts
+    them leaves the DAgger and evaluation rollouts no way to succeed."""
+    cfg = tiny(envs=["alfworld/pick_and_place"], demo_episodes=3, noisy_share=0.0)
+    demos = W.collect_demos(cfg)
+    labels = {t.label for d in demos for t in d.turns}
+    assert any(a.startswith("take ") for a in labels)  # "take egg 1 from countertop 2": 8 pieces before any merge
+    tok = build_tokenizer(sorted(labels), vocab_size=300)
+    longest = max(len(tok(a, add_special_tokens=False)["input_ids"]) for a in labels)
+    assert W.action_token_budget(tok, demos, cfg) == max(cfg.action_max_new_tokens, longest + 1)
+    assert longest + 1 > 8  # the old fixed budget would have cut it
+    assert W.action_token_budget(tok, demos, tiny(action_max_new_tokens=64)) == 64
+    assert W.action_token_budget(tok, [], cfg) == cfg.action_max_new_tokens
 
 
 def test_models_init_rejects_envs_without_an_expert(tmp_path):

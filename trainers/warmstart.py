@@ -117,7 +117,11 @@ class WarmStartConfig:
     trajectory_chars: int = 1500  # extractor prompt: trajectory_text max_chars (must match the extractor consumer)
     op_budget: int = 2  # extractor prompt: the operation budget shown
     merge_every_demos: int = 4  # extractor SFT: one merge chunk (5 entries of a task) per this many demos of the task
-    action_max_new_tokens: int = 8  # tokens generated per actor turn in the evaluation and DAgger rollouts
+    # Tokens generated per actor turn in the evaluation and DAgger rollouts: at least this many, and never
+    # fewer than the longest demonstrated action and its end token. ALFWorld's "take soapbar 1 from
+    # countertop 1" is 8 tokens even when every word is one (digits split off), more for a name that is
+    # not; a fixed 8 cut such actions short in the DAgger and evaluation rollouts.
+    action_max_new_tokens: int = 8
     extractor_max_new_tokens: int = 320  # tokens generated per extractor answer in the parse-rate measurement
     eval_episodes: int = 8  # held-out episodes per env and condition (no / correct / wrong entry)
     eval_extractor: int = 24  # held-out trajectories for the extractor parse rate
@@ -739,20 +743,30 @@ class _Live:
     invalid: int = 0
 
 
+def action_token_budget(tokenizer: Any, demos: Sequence[Demo], cfg: WarmStartConfig) -> int:
+    """Tokens to generate per actor turn: `cfg.action_max_new_tokens`, or the longest demonstrated
+    action plus its end token if that is longer."""
+    labels = {t.label for d in demos for t in d.turns}
+    longest = max((len(tokenizer(a, add_special_tokens=False)["input_ids"]) for a in labels), default=0)
+    return max(cfg.action_max_new_tokens, longest + 1)
+
+
 def _rollouts(backend: Any, cfg: WarmStartConfig, specs: Sequence[tuple[str, int, str]], *, temperature: float,
-              seed: int, source: str, max_turns: int | None = None) -> list[Demo]:
+              seed: int, source: str, max_turns: int | None = None, max_new_tokens: int | None = None) -> list[Demo]:
     """Play the model on (env name, seed, condition), `cfg.rollout_batch` episodes in lockstep.
     Every state is labelled with the expert's action for that condition (DAgger); the model's own
-    action is what is played. `max_turns` cuts episodes short (they then count as failures)."""
+    action is what is played. `max_turns` cuts episodes short (they then count as failures);
+    `max_new_tokens` per turn defaults to `cfg.action_max_new_tokens`."""
     out: list[Demo] = []
     for i in range(0, len(specs), cfg.rollout_batch):
         out += _rollout_chunk(backend, cfg, specs[i : i + cfg.rollout_batch], temperature=temperature,
-                              seed=seed + i, source=source, max_turns=max_turns)
+                              seed=seed + i, source=source, max_turns=max_turns,
+                              max_new_tokens=max_new_tokens or cfg.action_max_new_tokens)
     return out
 
 
 def _rollout_chunk(backend: Any, cfg: WarmStartConfig, specs: Sequence[tuple[str, int, str]], *, temperature: float,
-                   seed: int, source: str, max_turns: int | None) -> list[Demo]:
+                   seed: int, source: str, max_turns: int | None, max_new_tokens: int) -> list[Demo]:
     from envs.registry import make_env
 
     rng = random.Random(seed)
@@ -772,7 +786,7 @@ def _rollout_chunk(backend: Any, cfg: WarmStartConfig, specs: Sequence[tuple[str
             active = [lv for lv in lives if not lv.done]
             msgs = [_actor_prompt(cfg, lv.demo, Turn(lv.obs, lv.history, "", "")) for lv in active]
             prompts = [backend.apply_chat_template(m, add_generation_prompt=True, tokenize=True) for m in msgs]
-            outs = backend.generate(prompts, max_new_tokens=cfg.action_max_new_tokens, temperature=temperature,
+            outs = backend.generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
                                     stop=["\n"], seed=seed * 1000 + turn)
             turn += 1
             for lv, out in zip(active, outs):
@@ -791,11 +805,11 @@ def _rollout_chunk(backend: Any, cfg: WarmStartConfig, specs: Sequence[tuple[str
     return [lv.demo for lv in lives]
 
 
-def _evaluate_policy(backend: Any, cfg: WarmStartConfig) -> tuple[dict[str, Any], list[Demo]]:
+def _evaluate_policy(backend: Any, cfg: WarmStartConfig, max_new_tokens: int | None = None) -> tuple[dict[str, Any], list[Demo]]:
     """Greedy success and mean actions (failures count at the turn limit) on held-out seeds."""
     specs = [(name, _eval_seed(ei, i), cond) for ei, name in enumerate(cfg.envs)
              for cond in ("none", "correct", "wrong") for i in range(cfg.eval_episodes)]
-    demos = _rollouts(backend, cfg, specs, temperature=0.0, seed=cfg.seed + 7, source="eval")
+    demos = _rollouts(backend, cfg, specs, temperature=0.0, seed=cfg.seed + 7, source="eval", max_new_tokens=max_new_tokens)
     res: dict[str, Any] = {}
     for name in cfg.envs:
         for cond in ("none", "correct", "wrong"):
@@ -914,6 +928,7 @@ def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
         tokenizer = build_tokenizer(texts, vocab_size=cfg.vocab_size, model_max_length=cfg.max_positions)
         bar.update(1)
         pad_id = int(tokenizer.pad_token_id)
+        action_tokens = action_token_budget(tokenizer, demos, cfg)
 
         stage("policy SFT")
         pol_ex, pol_dropped = policy_examples(demos, tokenizer, cfg)
@@ -934,7 +949,7 @@ def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
             specs = [(name, _dagger_seed(cfg, ei, i), _condition(crng, cfg)) for ei, name in enumerate(cfg.envs)
                      for i in range(cfg.dagger_episodes)]
             dag = _rollouts(backend, cfg, specs, temperature=cfg.dagger_temperature, seed=cfg.seed + 3, source="dagger",
-                            max_turns=cfg.dagger_max_turns)
+                            max_turns=cfg.dagger_max_turns, max_new_tokens=action_tokens)
             del backend
             dag_ex, d2 = policy_examples(dag, tokenizer, cfg)
             pol_dropped += d2
@@ -964,7 +979,7 @@ def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
 
         stage("evaluate")
         pol_backend = load_backend("hf", tmp / "policy", device="cpu", quiet=True)
-        pol_eval, eval_demos = _evaluate_policy(pol_backend, cfg)
+        pol_eval, eval_demos = _evaluate_policy(pol_backend, cfg, action_tokens)
         del pol_backend
         ext_backend = load_backend("hf", tmp / "extractor", device="cpu", quiet=True)
         ext_eval = _evaluate_extractor(ext_backend, cfg, eval_demos)
@@ -984,7 +999,7 @@ def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
         "policy": {"params": _count_params(policy), "examples": len(pol_ex), "dropped_too_long": pol_dropped,
                    "loss_first": round(sum(losses[:10]) / max(1, len(losses[:10])), 4),
                    "loss_last": round(sum(losses[-10:]) / max(1, len(losses[-10:])), 4),
-                   "dagger": dagger_stats, "eval": pol_eval},
+                   "dagger": dagger_stats, "eval": pol_eval, "action_max_new_tokens": action_tokens},
         "extractor": {"params": _count_params(extractor), "examples": len(ext_ex), "dropped_too_long": ext_dropped,
                       "loss_first": round(sum(ext_losses[:10]) / max(1, len(ext_losses[:10])), 4),
                       "loss_last": round(sum(ext_losses[-10:]) / max(1, len(ext_losses[-10:])), 4),
