@@ -195,3 +195,49 @@ def test_moves_counts_bumps_and_moves_per_block(tmp_path: Path):
     assert b[0]["episodes"] == 2 and b[0]["success"] == 0.5 and b[0]["mean_actions"] == 2.5
     assert b[0]["bump_rate"] == 2 / 5  # the first two wests were each followed by "solid stone"
     assert b[0]["top_moves"][0] == ["north", 3 / 5] and b[1]["top_moves"] == [["east", 1.0]]
+
+
+def test_entry_probe_summary_counts_agreement_and_changes_from_no_entry():
+    """benchmarks/entry_probe.py's per-condition summary on hand-made episodes."""
+    from benchmarks.entry_probe import summarise
+    from trainers.warmstart import Demo, Turn
+
+    def demo(seed, cond, pairs, ok):  # pairs: (label, taken)
+        return Demo("minihack/Room-5x5", seed, "t", "fmt", cond, "" if cond == "none" else "e",
+                    [Turn("o", [], lab, tak) for lab, tak in pairs], ok, "probe", {})
+
+    none = {1: demo(1, "none", [("east", "north"), ("east", "east")], False),
+            2: demo(2, "none", [("south", "south")], True)}
+    correct = [demo(1, "correct", [("east", "east"), ("east", "east")], True),  # the entry changed its first move
+               demo(2, "correct", [("south", "south")], True)]  # same episode as without
+    r = summarise(correct, none, greedy=True)
+    assert (r["successes"], r["n"], r["mean_actions"]) == (2, 2, 1.5)
+    assert r["agreement_with_expert"] == 1.0 and r["first_move_agreement"] == 1.0
+    assert r["first_move_as_none"] == 0.5 and r["same_episode_as_none"] == 0.5
+    r0 = summarise(list(none.values()), none, greedy=False)
+    assert r0["agreement_with_expert"] == 2 / 3 and r0["first_move_as_none"] == 1.0 and "same_episode_as_none" not in r0
+    assert r0["ci_low"] < 0.5 < r0["ci_high"]
+
+
+@pytest.mark.slow
+def test_entry_probe_plays_every_condition_on_the_same_seeds(tmp_path: Path):
+    from trainers import prompts as P
+    from trainers.models import build_tiny_qwen2, build_tokenizer, save_model_folder
+
+    tok = build_tokenizer([P.ACTOR_SYSTEM, P.ACTOR_USER, "north east south west"] * 30, vocab_size=400)
+    save_model_folder(build_tiny_qwen2(tok, hidden=32, layers=1, heads=2, kv_heads=1, seed=1), tok, tmp_path / "policy")
+    proc = subprocess.run([sys.executable, "benchmarks/entry_probe.py", "--policy", f"p={tmp_path / 'policy'}", "--env",
+                           "minihack/Room-5x5", "--episodes", "2", "--max-turns", "2", "--out", str(tmp_path / "e")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    d = json.loads((tmp_path / "e.json").read_text())
+    assert [(r["mode"], r["condition"], r["n"]) for r in d["rows"]] == [
+        (m, c, 2) for m in ("greedy", "sampled") for c in ("none", "correct", "wrong")]
+    none = d["rows"][0]
+    assert none["same_episode_as_none"] == 1.0 and none["first_move_as_none"] == 1.0 and none["diff_vs_none"] == 0.0
+    assert all(1 <= r["mean_actions"] <= 2 for r in d["rows"])
+    assert "WarmStartConfig defaults" in d["policies"]["p"]["prompt_settings"] and d["policies"]["p"]["max_new_tokens"] >= 8
+    assert "correct" in d["example_entries"] and "| p | greedy | wrong |" in (tmp_path / "e.md").read_text()
+    bad = subprocess.run([sys.executable, "benchmarks/entry_probe.py", "--policy", f"p={tmp_path / 'policy'}", "--env", "webshop"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "only minihack/* and alfworld/*" in bad.stderr
