@@ -34,6 +34,7 @@ class _Out:
     token_ids: list
     text: str
     logprobs: list
+    finish_reason: str = "stop"
 
 
 class ScriptedActor:
@@ -57,6 +58,9 @@ def test_lockstep_rollout_with_real_model_has_consistent_logprobs(pool, tiny):
     eps = r.collect([EpisodeSpec("minihack/Room-5x5", s, False, 0) for s in range(4)], step=1)
     assert len(eps) == 4 and all(e.traj.num_actions == 3 or e.success for e in eps)
     assert r.stats["rollout/tokens_per_s"] > 0
+    # an untrained model rarely ends a reply within 4 tokens: the share of cut replies says so
+    cut = sum(len(t.response_ids) == 4 for e in eps for t in e.turns) / sum(len(e.turns) for e in eps)
+    assert r.stats["rollout/cut_replies"] == pytest.approx(cut) and cut > 0
     t = eps[0].turns[0]
     with torch.no_grad():
         lp = tiny.logprobs([t.prompt_ids + t.response_ids])[0, len(t.prompt_ids):]

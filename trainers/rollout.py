@@ -138,7 +138,7 @@ class Roller:
                 lv.ep.traj.experience_text = "\n\n".join(h.text for h in hs)
             if self.rc.actor_critic:
                 self._critique(want, hits, step)
-        tokens = 0
+        tokens = replies = cut = 0
         turn = 0
         while True:
             active = [lv for lv in lives if not lv.done]
@@ -151,6 +151,8 @@ class Roller:
             to_step: list[tuple[_Live, str]] = []
             for lv, p, o in zip(active, prompts, outs):
                 tokens += len(o.token_ids)
+                replies += 1
+                cut += o.finish_reason == "length"
                 kind, content = P.parse_actor_reply(o.text)
                 if kind == "tool" and (lv.tool_calls >= self.rc.search_and_ask or self.tool_fn is None):
                     kind, content = "action", o.text.strip()  # over the budget: the env judges it as an action
@@ -169,7 +171,10 @@ class Roller:
         dt = time.perf_counter() - t0
         self.stats = {"rollout/seconds": dt, "rollout/episodes_per_s": len(specs) / max(dt, 1e-9),
                       "rollout/tokens_per_s": tokens / max(dt, 1e-9), "rollout/retrieval_s": t_ret,
-                      "rollout/env_restarts": float(self.pool.restarts()), **self.critic_stats}
+                      "rollout/env_restarts": float(self.pool.restarts()),
+                      # replies that ran out of actor.max_new_tokens before an end token or newline: a share
+                      # near 1 means the budget cuts actions short (ALFWorld's "take X from Y" needs 9+ tokens)
+                      "rollout/cut_replies": cut / max(1, replies), **self.critic_stats}
         self.critic_stats = {}
         return [lv.ep for lv in lives]
 
