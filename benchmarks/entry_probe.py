@@ -12,8 +12,9 @@ The entries are the warm start's own (trainers/warmstart.py: for MiniHack where 
 start, for ALFWorld where the object is usually found; a wrong entry names another goal or object). Each
 state is also labelled with the scripted expert's action for that condition, so besides success the
 probe measures how often the policy does what an expert who reads the entry would do. With greedy
-decoding, "same episode as none" is the share of seeds on which the entry changed no action at all:
-1.0 means the policy ignores the entry. Success is compared with the no-entry condition of the same
+decoding, "same episode as none" is the share of seeds on which the entry changed no action at all
+(1.0: the policy ignores the entry) and "first move as none" the share on which it left the first
+move alone. Success is compared with the no-entry condition of the same
 policy and mode (two-proportion z-test). Writes benchmarks/results/<out>.json and .md.
 """
 from __future__ import annotations
@@ -64,10 +65,10 @@ def summarise(demos: list, none_by_seed: dict[int, Any], greedy: bool) -> dict[s
            "mean_actions": statistics.mean(len(d.turns) for d in demos) if demos else 0.0,
            # the scripted expert's action for this condition (it follows a correct entry, ignores a wrong one)
            "agreement_with_expert": sum(t.taken == t.label for t in turns) / max(1, len(turns)),
-           "first_move_agreement": sum(d.turns[0].taken == d.turns[0].label for d in firsts) / max(1, len(firsts)),
-           "first_move_as_none": sum(d.turns[0].taken == none_by_seed[d.seed].turns[0].taken for d in firsts
-                                     if none_by_seed[d.seed].turns) / max(1, len(firsts))}
-    if greedy:
+           "first_move_agreement": sum(d.turns[0].taken == d.turns[0].label for d in firsts) / max(1, len(firsts))}
+    if greedy:  # sampled episodes differ from the no-entry ones by chance alone: these say nothing there
+        row["first_move_as_none"] = sum(d.turns[0].taken == none_by_seed[d.seed].turns[0].taken for d in firsts
+                                        if none_by_seed[d.seed].turns) / max(1, len(firsts))
         row["same_episode_as_none"] = sum([t.taken for t in d.turns] == [t.taken for t in none_by_seed[d.seed].turns]
                                           for d in demos) / max(1, n)
     return row
@@ -143,15 +144,16 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"{args.episodes} held-out seeds of {args.env} per condition, the same seeds in every row; an episode "
              f"still running after {args.max_turns} actions fails. Sampled at temperature 1 with sampling seed {args.seed}. "
              "Agreement: share of actions equal to the scripted expert's for that condition (it follows a correct "
-             "entry and ignores a wrong one). Same as none: share of seeds whose first move (or, greedy, whole "
-             "episode) is the one played without an entry.", "",
+             "entry and ignores a wrong one). Greedy only, same as none: share of seeds whose first move, or whole "
+             "episode, is the one played without an entry (sampled episodes differ by chance alone).", "",
              "| policy | mode | entry | success | 95% CI | mean actions | agreement | first move agrees | first move as none | same episode as none | diff vs none | p |",
              "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        same = f"{r['same_episode_as_none']:.2f}" if "same_episode_as_none" in r else "–"
+        first, same = ((f"{r['first_move_as_none']:.2f}", f"{r['same_episode_as_none']:.2f}") if "same_episode_as_none" in r
+                       else ("–", "–"))
         lines.append(f"| {r['policy']} | {r['mode']} | {r['condition']} | {r['successes']}/{r['n']} = {r['rate']:.3f} | "
                      f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}] | {r['mean_actions']:.2f} | {r['agreement_with_expert']:.3f} | "
-                     f"{r['first_move_agreement']:.2f} | {r['first_move_as_none']:.2f} | {same} | {r['diff_vs_none']:+.3f} | "
+                     f"{r['first_move_agreement']:.2f} | {first} | {same} | {r['diff_vs_none']:+.3f} | "
                      f"{r['p_vs_none']:.3g} |")
     lines += ["", "Example entries:", ""] + [f"- {c}: {json.dumps(e)}" for c, e in example_entries.items() if e]
     cmd = "python benchmarks/entry_probe.py " + " ".join(sys.argv[1:] if argv is None else argv)
