@@ -156,11 +156,11 @@ def main(argv: list[str] | None = None) -> int:
                      f"{r['first_move_agreement']:.2f} | {first} | {same} | {r['diff_vs_none']:+.3f} | "
                      f"{r['p_vs_none']:.3g} |")
     lines += ["", "Example entries:", ""] + [f"- {c}: {json.dumps(e)}" for c, e in example_entries.items() if e]
-    cmd = "python benchmarks/entry_probe.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    result = {"environment": environment(), "command": cmd, "env": args.env, "episodes": args.episodes,
-              "max_turns": args.max_turns, "seed": args.seed, "policies": sources, "rows": rows,
+    args_given = list(sys.argv[1:] if argv is None else argv)
+    result = {"environment": environment(), "argv": ["python", "benchmarks/entry_probe.py", *args_given], "env": args.env,
+              "episodes": args.episodes, "max_turns": args.max_turns, "seed": args.seed, "policies": sources, "rows": rows,
               "example_entries": example_entries}
-    write_results(args.out, result, "\n".join(lines) + f"\n\n`{cmd}`")
+    write_results(args.out, result, "\n".join(lines))
     return 0
 
 

@@ -6,7 +6,8 @@
 Study files (study*.json, written by benchmarks/study.py): their table, one figure per variant of the
 training curves with and without experience (policy/success_*; mean over seeds, a light line per
 seed) and of the held-out eval curves (eval/success_*), and the command and commit that made them.
-Studies are listed newest first. Held-out comparisons (heldout*.json, benchmarks/heldout.py) follow.
+Studies are listed newest first. Held-out comparisons (heldout*.json, benchmarks/heldout.py) and entry
+probes (entry_probe*.json, benchmarks/entry_probe.py) follow.
 Benchmark files (bench_*.json): their .md table with the command and commit. The section
 "Comparison with the paper" is read from <out>/results_discussion.md, written by a person, so a
 regeneration keeps it. Deterministic: the same results give the same markdown.
@@ -153,6 +154,18 @@ def build(results_dir: Path, out: Path) -> Path:
                "Policies side by side on the same held-out seeds (`benchmarks/heldout.py`), with more episodes than a "
                "run's periodic evaluation.", ""]
     for path in held:
+        d = json.loads(path.read_text())
+        env = d.get("environment", {})
+        table_md = path.with_suffix(".md")
+        md += [f"### {path.stem}", "", f"Command: `{shlex.join(d.get('argv', []))}`  ",
+               f"Commit: `{env.get('commit', '?')}`, finished {env.get('time', '?')}.", "",
+               _strip_title(table_md.read_text()) if table_md.exists() else "(no table: the .md file is missing)", ""]
+    probes = sorted(results_dir.glob("entry_probe*.json"), key=lambda p: (finished(p), p.name), reverse=True)
+    if probes:
+        md += ["## Does the policy read an entry?", "",
+               "The same held-out seeds with no entry, the warm-start teacher's correct entry and a wrong one "
+               "(`benchmarks/entry_probe.py`).", ""]
+    for path in probes:
         d = json.loads(path.read_text())
         env = d.get("environment", {})
         table_md = path.with_suffix(".md")

@@ -126,6 +126,9 @@ def test_report_writes_markdown_and_figures(tmp_path: Path):
              "--steps", "3"], "args": {}, "runs": runs}
     (res / "study.json").write_text(json.dumps(study))
     (res / "study.md").write_text("# study\n\n| variant | seeds |\n|---|---:|\n| grpo | 2 |\n| complementary | 2 |\n")
+    (res / "entry_probe_x.json").write_text(json.dumps({"argv": ["python", "benchmarks/entry_probe.py", "--episodes", "2"],
+                                                        "environment": {"commit": "abc1234"}}))
+    (res / "entry_probe_x.md").write_text("# entry_probe_x\n\n| policy | mode | entry |\n|---|---|---|\n| p | greedy | wrong |\n")
     (res / "bench_envs.json").write_text(json.dumps({"quick": True}))
     (res / "bench_envs.md").write_text("# bench_envs\n\n| env | steps/s |\n|---|---:|\n| webshop | 6823 |\n")
 
@@ -139,6 +142,8 @@ def test_report_writes_markdown_and_figures(tmp_path: Path):
         assert png.is_file() and png.stat().st_size > 1000
     assert "python benchmarks/study.py --steps 3" in md and "abc1234" in md
     assert "| webshop | 6823 |" in md and "python benchmarks/bench_envs.py --quick" in md
+    assert "## Does the policy read an entry?" in md and "| p | greedy | wrong |" in md
+    assert "python benchmarks/entry_probe.py --episodes 2" in md
     assert "## Comparison with the paper" in md and "Missing" in md
     main(["--results-dir", str(res), "--out", str(out)])
     assert (out / "results.md").read_text() == md  # deterministic
