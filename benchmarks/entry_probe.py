@@ -53,6 +53,33 @@ def warm_start_config(folder: Path, env: str) -> tuple[Any, str]:
     return W.WarmStartConfig(**fields), source
 
 
+def expert_state_agreement(backend: Any, cfg: Any, env_name: str, seeds: list[int], condition: str, max_new_tokens: int) -> tuple[float, int]:
+    """(share of the scripted expert's own states, on `seeds` under `condition`, where the greedy policy
+    picks the expert's action; number of states). On the expert's path, not the policy's: a low share
+    here means the policy has not learned to imitate, a high one with a low rollout agreement means
+    its own mistakes lead it to states it never saw."""
+    import random
+
+    from envs.registry import make_env
+    from trainers import prompts as P
+    from trainers import warmstart as W
+
+    env = make_env(env_name)
+    try:
+        teacher, rng = W._Teacher(env), random.Random(f"probe/{condition}")
+        demos = [W._play_expert(teacher, env_name, s, condition, 0.0, rng, "expert") for s in seeds]
+    finally:
+        env.close()
+    states = [(d, t) for d in demos for t in d.turns]
+    hits = 0
+    for i in range(0, len(states), cfg.rollout_batch):
+        chunk = states[i : i + cfg.rollout_batch]
+        prompts = [backend.apply_chat_template(W._actor_prompt(cfg, d, t), add_generation_prompt=True, tokenize=True) for d, t in chunk]
+        outs = backend.generate(prompts, max_new_tokens=max_new_tokens, temperature=0.0, stop=["\n"], seed=0)
+        hits += sum(P.parse_actor_reply(o.text)[1] == t.label for o, (_, t) in zip(outs, chunk))
+    return hits / max(1, len(states)), len(states)
+
+
 def summarise(demos: list, none_by_seed: dict[int, Any], greedy: bool) -> dict[str, Any]:
     from core.metrics import wilson_interval
 
@@ -65,6 +92,7 @@ def summarise(demos: list, none_by_seed: dict[int, Any], greedy: bool) -> dict[s
            "mean_actions": statistics.mean(len(d.turns) for d in demos) if demos else 0.0,
            # the scripted expert's action for this condition (it follows a correct entry, ignores a wrong one)
            "agreement_with_expert": sum(t.taken == t.label for t in turns) / max(1, len(turns)),
+           "invalid_share": sum(d.facts.get("invalid_actions", 0) for d in demos) / max(1, len(turns)),
            "first_move_agreement": sum(d.turns[0].taken == d.turns[0].label for d in firsts) / max(1, len(firsts))}
     if greedy:  # sampled episodes differ from the no-entry ones by chance alone: these say nothing there
         row["first_move_as_none"] = sum(d.turns[0].taken == none_by_seed[d.seed].turns[0].taken for d in firsts
@@ -133,8 +161,11 @@ def main(argv: list[str] | None = None) -> int:
             for cond in CONDITIONS:
                 ds = [d for d in demos if d.condition == cond]
                 example_entries.setdefault(cond, next((d.entry for d in ds if d.entry), ""))
-                rows.append({"policy": name, "mode": mode, "condition": cond, **summarise(ds, none, mode == "greedy"),
-                             "seconds": round(time.time() - t0, 1)})
+                row = {"policy": name, "mode": mode, "condition": cond, **summarise(ds, none, mode == "greedy")}
+                if mode == "greedy":
+                    row["expert_state_agreement"], row["expert_states"] = expert_state_agreement(
+                        backend, cfg, args.env, [s for _, s, c in specs if c == cond], cond, budget)
+                rows.append({**row, "seconds": round(time.time() - t0, 1)})
             print(f"{name} {mode}: {time.time() - t0:.0f} s", flush=True)
         del backend
     for r in rows:
@@ -143,16 +174,20 @@ def main(argv: list[str] | None = None) -> int:
 
     lines = [f"{args.episodes} held-out seeds of {args.env} per condition, the same seeds in every row; an episode "
              f"still running after {args.max_turns} actions fails. Sampled at temperature 1 with sampling seed {args.seed}. "
-             "Agreement: share of actions equal to the scripted expert's for that condition (it follows a correct "
-             "entry and ignores a wrong one). Greedy only, same as none: share of seeds whose first move, or whole "
+             "Invalid: share of actions the env refused. Agreement: share of the policy's actions equal to the "
+             "scripted expert's for that condition in the same state (it follows a correct entry and ignores a wrong "
+             "one); on the expert's states (greedy only): the same share on the states of the expert's own episodes "
+             "on these seeds, where the policy's earlier mistakes cannot have led it astray. Greedy only, same as none: share of seeds whose first move, or whole "
              "episode, is the one played without an entry (sampled episodes differ by chance alone).", "",
-             "| policy | mode | entry | success | 95% CI | mean actions | agreement | first move agrees | first move as none | same episode as none | diff vs none | p |",
-             "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| policy | mode | entry | success | 95% CI | mean actions | invalid | agreement | on the expert's states | first move agrees | first move as none | same episode as none | diff vs none | p |",
+             "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
+        expert = f"{r['expert_state_agreement']:.3f}" if "expert_state_agreement" in r else "–"
         first, same = ((f"{r['first_move_as_none']:.2f}", f"{r['same_episode_as_none']:.2f}") if "same_episode_as_none" in r
                        else ("–", "–"))
         lines.append(f"| {r['policy']} | {r['mode']} | {r['condition']} | {r['successes']}/{r['n']} = {r['rate']:.3f} | "
-                     f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}] | {r['mean_actions']:.2f} | {r['agreement_with_expert']:.3f} | "
+                     f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}] | {r['mean_actions']:.2f} | {r['invalid_share']:.3f} | "
+                     f"{r['agreement_with_expert']:.3f} | {expert} | "
                      f"{r['first_move_agreement']:.2f} | {first} | {same} | {r['diff_vs_none']:+.3f} | "
                      f"{r['p_vs_none']:.3g} |")
     lines += ["", "Example entries:", ""] + [f"- {c}: {json.dumps(e)}" for c, e in example_entries.items() if e]

@@ -240,7 +240,11 @@ def test_entry_probe_plays_every_condition_on_the_same_seeds(tmp_path: Path):
         (m, c, 2) for m in ("greedy", "sampled") for c in ("none", "correct", "wrong")]
     none = d["rows"][0]
     assert none["same_episode_as_none"] == 1.0 and none["first_move_as_none"] == 1.0 and none["diff_vs_none"] == 0.0
-    assert all(1 <= r["mean_actions"] <= 2 for r in d["rows"])
+    assert all(1 <= r["mean_actions"] <= 2 and 0 <= r["invalid_share"] <= 1 for r in d["rows"])
+    for r in d["rows"]:  # greedy rows also replay the expert's own states (Room-5x5: a few moves per seed)
+        assert (r["mode"] == "greedy") == ("expert_state_agreement" in r)
+        if r["mode"] == "greedy":
+            assert r["expert_states"] >= 2 and 0 <= r["expert_state_agreement"] <= 1
     assert "WarmStartConfig defaults" in d["policies"]["p"]["prompt_settings"] and d["policies"]["p"]["max_new_tokens"] >= 8
     assert "correct" in d["example_entries"] and "| p | greedy | wrong |" in (tmp_path / "e.md").read_text()
     bad = subprocess.run([sys.executable, "benchmarks/entry_probe.py", "--policy", f"p={tmp_path / 'policy'}", "--env", "webshop"],

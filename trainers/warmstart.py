@@ -799,6 +799,7 @@ def _rollout_chunk(backend: Any, cfg: WarmStartConfig, specs: Sequence[tuple[str
                 if term or trunc or (max_turns is not None and len(lv.demo.turns) >= max_turns):
                     lv.done = True
                     lv.demo.success = bool(info.get("success"))
+                    lv.demo.facts["invalid_actions"] = lv.invalid  # actions the env refused (its info["invalid_action"])
     finally:
         for env in envs:
             env.close()
@@ -819,8 +820,7 @@ def _evaluate_policy(backend: Any, cfg: WarmStartConfig, max_new_tokens: int | N
                 "episodes": len(ds),
                 "success": sum(d.success for d in ds) / max(1, len(ds)),
                 "mean_actions": sum(len(d.turns) for d in ds) / max(1, len(ds)),
-                "invalid_share": sum(1 for d in ds for t in d.turns if t.taken not in _DELTAS and d.env.startswith("minihack/"))
-                / max(1, sum(len(d.turns) for d in ds)),
+                "invalid_share": sum(d.facts.get("invalid_actions", 0) for d in ds) / max(1, sum(len(d.turns) for d in ds)),
                 **({"expert_mean_actions": sum(ref) / len(ref)} if ref else {}),
             }
     return res, demos
