@@ -120,7 +120,7 @@ class WarmStartConfig:
     # Tokens generated per actor turn in the evaluation and DAgger rollouts: at least this many, and never
     # fewer than the longest demonstrated action and its end token. ALFWorld's "take soapbar 1 from
     # countertop 1" is 8 tokens even when every word is one (digits split off), more for a name that is
-    # not; a fixed 8 cut such actions short in the DAgger and evaluation rollouts.
+    # not; a fixed 8 would cut any longer action short.
     action_max_new_tokens: int = 8
     extractor_max_new_tokens: int = 320  # tokens generated per extractor answer in the parse-rate measurement
     eval_episodes: int = 8  # held-out episodes per env and condition (no / correct / wrong entry)
