@@ -121,6 +121,21 @@ def _strip_title(md: str) -> str:
     return "\n".join(lines).strip()
 
 
+def _argv_section(results_dir: Path, pattern: str, finished, title: str, intro: str) -> list[str]:
+    """A section of result files that record their own argv (held-out comparisons, entry probes), newest
+    first: each with its command, commit and .md table. Empty when there is none."""
+    paths = sorted(results_dir.glob(pattern), key=lambda p: (finished(p), p.name), reverse=True)
+    md = [f"## {title}", "", intro, ""] if paths else []
+    for path in paths:
+        d = json.loads(path.read_text())
+        env = d.get("environment", {})
+        table_md = path.with_suffix(".md")
+        md += [f"### {path.stem}", "", f"Command: `{shlex.join(d.get('argv', []))}`  ",
+               f"Commit: `{env.get('commit', '?')}`, finished {env.get('time', '?')}.", "",
+               _strip_title(table_md.read_text()) if table_md.exists() else "(no table: the .md file is missing)", ""]
+    return md
+
+
 def build(results_dir: Path, out: Path) -> Path:
     img_dir = out / "img" / "results"
     img_dir.mkdir(parents=True, exist_ok=True)
@@ -148,30 +163,12 @@ def build(results_dir: Path, out: Path) -> Path:
         md += [_strip_title(table_md.read_text()) if table_md.exists() else "(no table: the .md file is missing)", ""]
         for lab, fig in study_figures(path.stem, d, img_dir):
             md += [f"![{path.stem} {lab}]({rel_img.as_posix()}/{fig.name})", ""]
-    held = sorted(results_dir.glob("heldout*.json"), key=lambda p: (finished(p), p.name), reverse=True)
-    if held:
-        md += ["## Held-out comparisons", "",
-               "Policies side by side on the same held-out seeds (`benchmarks/heldout.py`), with more episodes than a "
-               "run's periodic evaluation.", ""]
-    for path in held:
-        d = json.loads(path.read_text())
-        env = d.get("environment", {})
-        table_md = path.with_suffix(".md")
-        md += [f"### {path.stem}", "", f"Command: `{shlex.join(d.get('argv', []))}`  ",
-               f"Commit: `{env.get('commit', '?')}`, finished {env.get('time', '?')}.", "",
-               _strip_title(table_md.read_text()) if table_md.exists() else "(no table: the .md file is missing)", ""]
-    probes = sorted(results_dir.glob("entry_probe*.json"), key=lambda p: (finished(p), p.name), reverse=True)
-    if probes:
-        md += ["## Does the policy read an entry?", "",
-               "The same held-out seeds with no entry, the warm-start teacher's correct entry and a wrong one "
-               "(`benchmarks/entry_probe.py`).", ""]
-    for path in probes:
-        d = json.loads(path.read_text())
-        env = d.get("environment", {})
-        table_md = path.with_suffix(".md")
-        md += [f"### {path.stem}", "", f"Command: `{shlex.join(d.get('argv', []))}`  ",
-               f"Commit: `{env.get('commit', '?')}`, finished {env.get('time', '?')}.", "",
-               _strip_title(table_md.read_text()) if table_md.exists() else "(no table: the .md file is missing)", ""]
+    md += _argv_section(results_dir, "heldout*.json", finished, "Held-out comparisons",
+                        "Policies side by side on the same held-out seeds (`benchmarks/heldout.py`), with more episodes "
+                        "than a run's periodic evaluation.")
+    md += _argv_section(results_dir, "entry_probe*.json", finished, "Does the policy read an entry?",
+                        "The same held-out seeds with no entry, the warm-start teacher's correct entry and a wrong one "
+                        "(`benchmarks/entry_probe.py`).")
     md += ["## Benchmarks", ""]
     for path in sorted(results_dir.glob("bench_*.json")):
         d = json.loads(path.read_text())
