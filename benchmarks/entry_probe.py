@@ -92,7 +92,7 @@ def summarise(demos: list, none_by_seed: dict[int, Any], greedy: bool) -> dict[s
            "mean_actions": statistics.mean(len(d.turns) for d in demos) if demos else 0.0,
            # the scripted expert's action for this condition (it follows a correct entry, ignores a wrong one)
            "agreement_with_expert": sum(t.taken == t.label for t in turns) / max(1, len(turns)),
-           "invalid_share": sum(d.facts.get("invalid_actions", 0) for d in demos) / max(1, len(turns)),
+           "invalid_share": sum(d.invalid_actions for d in demos) / max(1, len(turns)),
            "first_move_agreement": sum(d.turns[0].taken == d.turns[0].label for d in firsts) / max(1, len(firsts))}
     if greedy:  # sampled episodes differ from the no-entry ones by chance alone: these say nothing there
         row["first_move_as_none"] = sum(d.turns[0].taken == none_by_seed[d.seed].turns[0].taken for d in firsts

@@ -177,6 +177,7 @@ class Demo:
     source: str  # "expert" | "noisy" | "dagger" | "eval"
     facts: dict[str, Any] = field(default_factory=dict)  # what the teacher knows: stairs offset, monsters, ...
     keep_intro: bool = False  # the env keeps its first observation in the prompt (envs/base.py)
+    invalid_actions: int = 0  # played actions the env refused (its info["invalid_action"]); model rollouts only
 
 
 @dataclass
@@ -740,7 +741,6 @@ class _Live:
     obs: str
     history: list[tuple[str, str]]
     done: bool = False
-    invalid: int = 0
 
 
 def action_token_budget(tokenizer: Any, demos: Sequence[Demo], cfg: WarmStartConfig) -> int:
@@ -795,11 +795,10 @@ def _rollout_chunk(backend: Any, cfg: WarmStartConfig, specs: Sequence[tuple[str
                 lv.demo.turns.append(Turn(lv.obs, list(lv.history), label, action))
                 lv.history.append((lv.obs, action))
                 lv.obs, _, term, trunc, info = lv.teacher.env.step(action)
-                lv.invalid += bool(info.get("invalid_action"))
+                lv.demo.invalid_actions += bool(info.get("invalid_action"))
                 if term or trunc or (max_turns is not None and len(lv.demo.turns) >= max_turns):
                     lv.done = True
                     lv.demo.success = bool(info.get("success"))
-                    lv.demo.facts["invalid_actions"] = lv.invalid  # actions the env refused (its info["invalid_action"])
     finally:
         for env in envs:
             env.close()
@@ -820,7 +819,7 @@ def _evaluate_policy(backend: Any, cfg: WarmStartConfig, max_new_tokens: int | N
                 "episodes": len(ds),
                 "success": sum(d.success for d in ds) / max(1, len(ds)),
                 "mean_actions": sum(len(d.turns) for d in ds) / max(1, len(ds)),
-                "invalid_share": sum(d.facts.get("invalid_actions", 0) for d in ds) / max(1, sum(len(d.turns) for d in ds)),
+                "invalid_share": sum(d.invalid_actions for d in ds) / max(1, sum(len(d.turns) for d in ds)),
                 **({"expert_mean_actions": sum(ref) / len(ref)} if ref else {}),
             }
     return res, demos
