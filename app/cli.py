@@ -210,11 +210,12 @@ def cmd_models(args: argparse.Namespace) -> int:
     from trainers.warmstart import models_command
 
     envs = [e.strip() for e in (args.envs or "").split(",") if e.strip()]
-    if (envs or args.policy_steps is not None or args.extractor_steps is not None) and args.action != "init":
-        raise UserError("--envs, --policy-steps and --extractor-steps apply to `comprl models init` only")
+    if (envs or args.policy_steps is not None or args.extractor_steps is not None or args.set) and args.action != "init":
+        raise UserError("--envs, --policy-steps, --extractor-steps and --set apply to `comprl models init` only")
     try:
         return models_command(args.action, args.data_dir, force=args.force, envs=envs or None,
-                              policy_steps=args.policy_steps, extractor_steps=args.extractor_steps)
+                              policy_steps=args.policy_steps, extractor_steps=args.extractor_steps,
+                              overrides=args.set)
     except ValueError as e:
         raise UserError(str(e)) from None
 
@@ -336,6 +337,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                "(minihack/* or alfworld/*; use the built folders by path in a config)")
     mo.add_argument("--policy-steps", type=int, default=None, help="policy SFT steps instead of the default's (90)")
     mo.add_argument("--extractor-steps", type=int, default=None, help="extractor SFT steps instead of the default's (600)")
+    mo.add_argument("--set", action="append", metavar="FIELD=VALUE",
+                    help="override one warm-start field (YAML value; trainers/warmstart.py WarmStartConfig), "
+                         "e.g. --set policy_hidden=256 --set dagger_episodes=96")
     mo.set_defaults(func=cmd_models)
 
     envs = subs.add_parser("envs", help="list the registered environments")

@@ -318,3 +318,23 @@ def test_models_init_rejects_envs_without_an_expert(tmp_path):
     with pytest.raises(ValueError, match="policy_steps"):
         W.models_command("init", str(tmp_path), policy_steps=0)
     assert not (tmp_path / "models").exists()
+
+
+def test_models_init_set_overrides_any_field(tmp_path, monkeypatch):
+    """`comprl models init --set FIELD=VALUE`: YAML values reach WarmStartConfig type-checked; a bad field,
+    type, section or a repeat of a dedicated flag is refused before anything is built."""
+    seen = {}
+    monkeypatch.setattr(W, "ensure_models", lambda data_dir, cfg, force=False: seen.setdefault("cfg", cfg) and {})
+    assert W.models_command("init", str(tmp_path), envs=["alfworld/pick_and_place"], policy_steps=7,
+                            overrides=["policy_hidden=256", "dagger_episodes=96", "lr=5e-4"]) == 0
+    cfg = seen["cfg"]
+    assert (cfg.envs, cfg.policy_steps, cfg.policy_hidden, cfg.dagger_episodes, cfg.lr) == (
+        ["alfworld/pick_and_place"], 7, 256, 96, 5e-4)
+    assert cfg.digest() != W.WarmStartConfig(envs=["alfworld/pick_and_place"], policy_steps=7).digest()
+    for bad, msg in [(["bogus=1"], "unknown config field bogus"), (["policy_hidden=big"], "wrong type"),
+                     (["policy_hidden=250"], "divisible"), (["a.b=1"], "no sections"), (["policy_hidden"], "field=value")]:
+        with pytest.raises(ValueError, match=msg):
+            W.models_command("init", str(tmp_path), overrides=bad)
+    with pytest.raises(ValueError, match="repeats --policy-steps"):
+        W.models_command("init", str(tmp_path), policy_steps=5, overrides=["policy_steps=3"])
+    assert not (tmp_path / "models").exists()

@@ -1097,11 +1097,13 @@ def _folder_size(path: Path) -> int:
 
 
 def models_command(action: str, data_dir: str, force: bool = False, envs: list[str] | None = None,
-                   policy_steps: int | None = None, extractor_steps: int | None = None) -> int:
-    """`comprl models init [--force] [--envs A,B]` and `comprl models list`; returns the exit code. With
-    `envs`, the warm start plays those envs instead of the default's (e.g. ALFWorld for an ALFWorld study);
-    such models are used by naming their folders (`actor.path`, `extractor.model.path`), since
-    `embedded:` always means the default build."""
+                   policy_steps: int | None = None, extractor_steps: int | None = None,
+                   overrides: list[str] | None = None) -> int:
+    """`comprl models init [--force] [--envs A,B] [--set FIELD=VALUE ...]` and `comprl models list`; returns
+    the exit code. With `envs`, the warm start plays those envs instead of the default's (e.g. ALFWorld for
+    an ALFWorld study); `overrides` set any other `WarmStartConfig` field (YAML values, type-checked), e.g.
+    `policy_hidden=256`. Such models are used by naming their folders (`actor.path`,
+    `extractor.model.path`), since `embedded:` always means the default build."""
     if action == "init":
         cfg = None
         changes: dict[str, Any] = {}
@@ -1116,8 +1118,24 @@ def models_command(action: str, data_dir: str, force: bool = False, envs: list[s
             changes["policy_steps"] = policy_steps
         if extractor_steps is not None:
             changes["extractor_steps"] = extractor_steps
+        if overrides:
+            from trainers.config import parse_overrides
+
+            parsed = parse_overrides(overrides)
+            nested = sorted(k for k, v in parsed.items() if isinstance(v, dict))
+            if nested:
+                raise ValueError(f"--set {nested[0]}.…: the warm-start config has no sections; "
+                                 f"name a field of WarmStartConfig, e.g. --set policy_hidden=256")
+            clash = sorted(set(parsed) & set(changes))
+            if clash:
+                raise ValueError(f"--set {clash[0]} repeats --{clash[0].replace('_', '-')}; give it once")
+            changes.update(parsed)
         if changes:
-            cfg = WarmStartConfig(**changes)  # raises ValueError for envs without a scripted expert, steps < 1
+            # ConfigError (a ValueError) for an unknown field or a wrong type; ValueError from __post_init__
+            # for envs without a scripted expert, steps < 1, a hidden size the heads do not divide.
+            from core.config import from_dict
+
+            cfg = from_dict(WarmStartConfig, changes)
         paths = ensure_models(data_dir, cfg, force=force)
         for name, p in paths.items():
             print(f"{name}: {p}")
