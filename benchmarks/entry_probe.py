@@ -53,11 +53,23 @@ def warm_start_config(folder: Path, env: str) -> tuple[Any, str]:
     return W.WarmStartConfig(**fields), source
 
 
-def expert_state_agreement(backend: Any, cfg: Any, env_name: str, seeds: list[int], condition: str, max_new_tokens: int) -> tuple[float, int]:
+def action_kind(action: str) -> str:
+    """The kind of an action for the per-kind agreement: its verb ("go to", "take", "move", "open" in
+    ALFWorld; the compass word in MiniHack). Kinds differ in what the policy must read: "open X" after
+    "go to X" only repeats a name, "take watch 1 from shelf 1" copies the task's object from the
+    observation."""
+    words = action.split()
+    if not words:
+        return "(empty)"
+    return " ".join(words[:2]) if words[0] == "go" and words[1:2] == ["to"] else words[0]
+
+
+def expert_state_agreement(backend: Any, cfg: Any, env_name: str, seeds: list[int], condition: str,
+                           max_new_tokens: int) -> tuple[float, int, dict[str, list[int]]]:
     """(share of the scripted expert's own states, on `seeds` under `condition`, where the greedy policy
-    picks the expert's action; number of states). On the expert's path, not the policy's: a low share
-    here means the policy has not learned to imitate, a high one with a low rollout agreement means
-    its own mistakes lead it to states it never saw."""
+    picks the expert's action; number of states; {expert's action kind: [agreed, states]}). On the
+    expert's path, not the policy's: a low share here means the policy has not learned to imitate, a
+    high one with a low rollout agreement means its own mistakes lead it to states it never saw."""
     import random
 
     from envs.registry import make_env
@@ -72,12 +84,18 @@ def expert_state_agreement(backend: Any, cfg: Any, env_name: str, seeds: list[in
         env.close()
     states = [(d, t) for d in demos for t in d.turns]
     hits = 0
+    kinds: dict[str, list[int]] = {}
     for i in range(0, len(states), cfg.rollout_batch):
         chunk = states[i : i + cfg.rollout_batch]
         prompts = [backend.apply_chat_template(W._actor_prompt(cfg, d, t), add_generation_prompt=True, tokenize=True) for d, t in chunk]
         outs = backend.generate(prompts, max_new_tokens=max_new_tokens, temperature=0.0, stop=["\n"], seed=0)
-        hits += sum(P.parse_actor_reply(o.text)[1] == t.label for o, (_, t) in zip(outs, chunk))
-    return hits / max(1, len(states)), len(states)
+        for o, (_, t) in zip(outs, chunk):
+            agreed = P.parse_actor_reply(o.text)[1] == t.label
+            hits += agreed
+            k = kinds.setdefault(action_kind(t.label), [0, 0])
+            k[0] += agreed
+            k[1] += 1
+    return hits / max(1, len(states)), len(states), dict(sorted(kinds.items()))
 
 
 def summarise(demos: list, none_by_seed: dict[int, Any], greedy: bool) -> dict[str, Any]:
@@ -163,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                 example_entries.setdefault(cond, next((d.entry for d in ds if d.entry), ""))
                 row = {"policy": name, "mode": mode, "condition": cond, **summarise(ds, none, mode == "greedy")}
                 if mode == "greedy":
-                    row["expert_state_agreement"], row["expert_states"] = expert_state_agreement(
+                    row["expert_state_agreement"], row["expert_states"], row["expert_state_kinds"] = expert_state_agreement(
                         backend, cfg, args.env, [s for _, s, c in specs if c == cond], cond, budget)
                 rows.append({**row, "seconds": round(time.time() - t0, 1)})
             print(f"{name} {mode}: {time.time() - t0:.0f} s", flush=True)
@@ -190,6 +208,16 @@ def main(argv: list[str] | None = None) -> int:
                      f"{r['agreement_with_expert']:.3f} | {expert} | "
                      f"{r['first_move_agreement']:.2f} | {first} | {same} | {r['diff_vs_none']:+.3f} | "
                      f"{r['p_vs_none']:.3g} |")
+    kinds = sorted({k for r in rows for k in r.get("expert_state_kinds", {})})
+    if kinds:
+        lines += ["", "Greedy agreement on the expert's states by the kind of the expert's action (agreed/states): "
+                  "which part of the task the policy has not learned.", "",
+                  "| policy | entry | " + " | ".join(kinds) + " |", "|---|---|" + "---:|" * len(kinds)]
+        for r in rows:
+            if "expert_state_kinds" in r:
+                cells = [f"{r['expert_state_kinds'][k][0]}/{r['expert_state_kinds'][k][1]}" if k in r["expert_state_kinds"]
+                         else "–" for k in kinds]
+                lines.append(f"| {r['policy']} | {r['condition']} | " + " | ".join(cells) + " |")
     lines += ["", "Example entries:", ""] + [f"- {c}: {json.dumps(e)}" for c, e in example_entries.items() if e]
     args_given = list(sys.argv[1:] if argv is None else argv)
     result = {"environment": environment(), "argv": ["python", "benchmarks/entry_probe.py", *args_given], "env": args.env,

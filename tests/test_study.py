@@ -224,6 +224,14 @@ def test_entry_probe_summary_counts_agreement_and_changes_from_no_entry():
     assert r0["ci_low"] < 0.5 < r0["ci_high"]
 
 
+def test_entry_probe_action_kind():
+    from benchmarks.entry_probe import action_kind
+
+    assert [action_kind(a) for a in ("go to shelf 1", "take watch 1 from shelf 1", "move watch 1 to safe 1", "open safe 1",
+                                     "north", "go", "", "goto desk 1")] == [
+        "go to", "take", "move", "open", "north", "go", "(empty)", "goto"]
+
+
 @pytest.mark.slow
 def test_entry_probe_plays_every_condition_on_the_same_seeds(tmp_path: Path):
     from trainers import prompts as P
@@ -245,8 +253,13 @@ def test_entry_probe_plays_every_condition_on_the_same_seeds(tmp_path: Path):
         assert (r["mode"] == "greedy") == ("expert_state_agreement" in r)
         if r["mode"] == "greedy":
             assert r["expert_states"] >= 2 and 0 <= r["expert_state_agreement"] <= 1
+            kinds = r["expert_state_kinds"]  # per compass word: the parts add up to the whole
+            assert set(kinds) <= {"north", "south", "east", "west", "northeast", "northwest", "southeast", "southwest"}
+            assert sum(n for _, n in kinds.values()) == r["expert_states"]
+            assert sum(h for h, _ in kinds.values()) == round(r["expert_state_agreement"] * r["expert_states"])
     assert "WarmStartConfig defaults" in d["policies"]["p"]["prompt_settings"] and d["policies"]["p"]["max_new_tokens"] >= 8
-    assert "correct" in d["example_entries"] and "| p | greedy | wrong |" in (tmp_path / "e.md").read_text()
+    md = (tmp_path / "e.md").read_text()
+    assert "correct" in d["example_entries"] and "| p | greedy | wrong |" in md and "by the kind of the expert's action" in md
     bad = subprocess.run([sys.executable, "benchmarks/entry_probe.py", "--policy", f"p={tmp_path / 'policy'}", "--env", "webshop"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "only minihack/* and alfworld/*" in bad.stderr
