@@ -58,3 +58,16 @@ def test_bad_import_is_one_line_error(tmp_path):
     r = comprl("library", "import", str(bad), data_dir=tmp_path / "d")
     assert r.returncode == 2
     assert "line 2" in r.stderr and "nothing imported" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_models_init_set_errors_are_one_line_and_build_nothing(tmp_path):
+    """`comprl models init --set …` with a bad field or value, or `--set` on `list`: exit 2 with an
+    actionable message, no traceback, no models folder."""
+    r = comprl("models", "init", "--set", "policy_width=256", data_dir=tmp_path)
+    assert r.returncode == 2 and "unknown config field policy_width" in r.stderr and "policy_hidden" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = comprl("models", "init", "--set", "policy_hidden=wide", data_dir=tmp_path)
+    assert r.returncode == 2 and "policy_hidden = 'wide' has the wrong type" in r.stderr
+    r = comprl("models", "list", "--set", "policy_hidden=256", data_dir=tmp_path)
+    assert r.returncode == 2 and "apply to `comprl models init` only" in r.stderr
+    assert not (tmp_path / "models").exists()
