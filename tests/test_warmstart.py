@@ -338,3 +338,42 @@ def test_models_init_set_overrides_any_field(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="repeats --policy-steps"):
         W.models_command("init", str(tmp_path), policy_steps=5, overrides=["policy_steps=3"])
     assert not (tmp_path / "models").exists()
+
+
+def test_prompt_loss_weight_trains_the_prompt_and_reports_the_action_loss():
+    """WarmStartConfig.prompt_loss_weight adds a next-token loss on the prompt's tokens: with it the
+    model learns the prompts, without it only the actions; the reported loss is the action's alone."""
+    import torch
+
+    from trainers.models import build_tiny_qwen2
+
+    prompts = [f"Task: put a {o} in {r}. You see a {o} 1 and a {p} 2." for o, r, p in
+               [("watch", "safe", "pen"), ("apple", "fridge", "mug"), ("pen", "drawer", "watch"), ("mug", "shelf", "apple")]]
+    tok = build_tokenizer(prompts + [f"take {o} 1" for o in ("watch", "apple", "pen", "mug")], vocab_size=300)
+    examples = [W._join(tok, W._chat_ids(tok, [{"role": "user", "content": p}]), f"take {p.split()[3]} 1", "t")
+                for p in prompts]
+    cfg = tiny(lr=3e-3, warmup_steps=1)
+
+    def prompt_ce(model) -> float:
+        total, n = 0.0, 0
+        with torch.no_grad():
+            for e in examples:
+                ids = torch.tensor([e.input_ids])
+                logits = model(input_ids=ids).logits[0, :-1]
+                mask = torch.tensor([lab == W.IGNORE for lab in e.labels[1:]])
+                total += float(torch.nn.functional.cross_entropy(logits[mask], ids[0, 1:][mask], reduction="sum"))
+                n += int(mask.sum())
+        return total / n
+
+    runs = {}
+    for w in (0.0, 1.0):
+        model = build_tiny_qwen2(tok, 32, 1, 2, 1, max_pos=512, seed=0)
+        before = prompt_ce(model)
+        _, losses = W._sft(model, examples, 40, cfg, pad_id=int(tok.pad_token_id), seed=0, batch_size=4, prompt_loss_weight=w)
+        runs[w] = (before, prompt_ce(model), losses)
+    (b0, a0, l0), (b1, a1, l1) = runs[0.0], runs[1.0]
+    assert b0 == pytest.approx(b1)  # same init
+    assert l0[0] == pytest.approx(l1[0], rel=1e-5)  # the reported loss is the action's, whatever the weight
+    assert a1 < 0.7 * b1  # the prompt was learned with the weight (measured 5.68 -> 3.29 nats)...
+    assert a1 < a0 - 1.0  # ...and far less without it (5.68 -> 5.07)
+    assert l0[-1] < 0.5 * l0[0] and l1[-1] < 0.5 * l1[0]  # the action is learned either way

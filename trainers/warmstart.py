@@ -107,6 +107,10 @@ class WarmStartConfig:
     batch_size: int = 16  # sequences per policy SFT step
     extractor_batch_size: int = 4  # sequences per extractor SFT step (its sequences are about twice as long)
     threads: int = 0  # torch CPU threads while building; 0 = the cores left free by the current load (>= 1)
+    # Weight of a language-model loss on the prompt tokens of each policy example, beside the loss on
+    # the action's tokens (0 = action tokens only). The prompt repeats names (the task's object in the
+    # task line, the listing and the observation), the signal from which a small model learns to copy.
+    prompt_loss_weight: float = 0.0
     lr: float = 2e-3  # peak AdamW learning rate (linear warm-up, cosine decay to 10%)
     warmup_steps: int = 15  # linear warm-up steps
     weight_decay: float = 0.01  # AdamW weight decay
@@ -693,8 +697,10 @@ def parse_extractor_answer(text: str, *, n_previous: int = 0) -> list[dict[str, 
 def _sft(model: Any, examples: Sequence[SFTExample], steps: int, cfg: WarmStartConfig, *, pad_id: int, seed: int,
          batch_size: int,
          tick: Callable[[int], None] | None = None, start_step: int = 0, total_steps: int | None = None,
-         optimizer: torch.optim.Optimizer | None = None) -> tuple[torch.optim.Optimizer, list[float]]:
-    """Supervised fine-tuning: mean cross-entropy over target tokens only; AdamW, warm-up + cosine.
+         optimizer: torch.optim.Optimizer | None = None,
+         prompt_loss_weight: float = 0.0) -> tuple[torch.optim.Optimizer, list[float]]:
+    """Supervised fine-tuning: mean cross-entropy over target tokens, plus `prompt_loss_weight` times
+    the mean next-token cross-entropy over the prompt's tokens; AdamW, warm-up + cosine.
 
     Each batch is drawn at random and padded on the right; `start_step`/`total_steps` let the
     schedule continue across the DAgger pause with the same optimiser."""
@@ -720,12 +726,18 @@ def _sft(model: Any, examples: Sequence[SFTExample], steps: int, cfg: WarmStartC
             labels[i, : len(e.labels)] = torch.tensor(e.labels)
             attn[i, : len(e.input_ids)] = 1
         logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1].float()  # (B, T-1, V)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=IGNORE)
+        flat = logits.reshape(-1, logits.shape[-1])
+        target_loss = torch.nn.functional.cross_entropy(flat, labels[:, 1:].reshape(-1), ignore_index=IGNORE)
+        loss = target_loss
+        if prompt_loss_weight > 0:  # next-token loss on the prompt: real tokens that carry no target label
+            prompt = ((labels[:, 1:] == IGNORE) & (attn[:, 1:] == 1)).reshape(-1)  # (B*(T-1),)
+            if prompt.any():
+                loss = loss + prompt_loss_weight * torch.nn.functional.cross_entropy(flat[prompt], ids[:, 1:].reshape(-1)[prompt])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        losses.append(float(loss.item()))
+        losses.append(float(target_loss.item()))  # the target's loss alone, comparable across weights
         if tick:
             tick(1)
     model.eval()
@@ -937,7 +949,7 @@ def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
                                   max_pos=cfg.max_positions, seed=cfg.seed)
         first = int(round(cfg.policy_steps * cfg.dagger_at)) if cfg.dagger_episodes > 0 else cfg.policy_steps
         opt, losses = _sft(policy, pol_ex, first, cfg, pad_id=pad_id, seed=cfg.seed, batch_size=cfg.batch_size,
-                           tick=bar.update, total_steps=cfg.policy_steps)
+                           tick=bar.update, total_steps=cfg.policy_steps, prompt_loss_weight=cfg.prompt_loss_weight)
 
         dagger_stats: dict[str, Any] = {}
         if cfg.dagger_episodes > 0 and cfg.policy_steps - first > 0:
@@ -957,7 +969,8 @@ def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
                             "disagreement": sum(t.label != t.taken for d in dag for t in d.turns) / max(1, sum(len(d.turns) for d in dag))}
             stage("policy SFT (DAgger)")
             opt, more = _sft(policy, pol_ex + dag_ex, cfg.policy_steps - first, cfg, pad_id=pad_id, seed=cfg.seed + 1,
-                             batch_size=cfg.batch_size, tick=bar.update, start_step=first, total_steps=cfg.policy_steps, optimizer=opt)
+                             batch_size=cfg.batch_size, tick=bar.update, start_step=first, total_steps=cfg.policy_steps, optimizer=opt,
+                             prompt_loss_weight=cfg.prompt_loss_weight)
             losses += more
             shutil.rmtree(tmp / "policy")
             demos += dag
