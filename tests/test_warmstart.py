@@ -136,6 +136,27 @@ def test_policy_loss_mask_covers_only_the_action(ultimate_demos):
         assert ex.input_ids[:n_prompt] == list(prompt)  # the rollout's exact prompt
 
 
+def test_short_prompt_examples_hold_only_the_task_and_the_observation(ultimate_demos):
+    """The copy curriculum's examples (`short_prompt_steps`): the user message without entry or history,
+    no system message, the same action as the target."""
+    cfg, demos = ultimate_demos
+    tok = build_tokenizer([json.dumps(W._actor_prompt(cfg, d, t)) + t.label for d in demos for t in d.turns[:3]], vocab_size=500)
+    full, _ = W.policy_examples(demos, tok, cfg)
+    short, dropped = W.policy_examples(demos, tok, cfg, short=True)
+    assert dropped == 0 and len(short) == len(full)
+    d = next(d for d in demos if d.entry and len(d.turns) > 2)
+    t = d.turns[2]
+    msgs = W._short_prompt(d, t)
+    assert [m["role"] for m in msgs] == ["user"]
+    assert msgs[0]["content"] == f"Task: {d.task}\nObservation:\n{t.observation}\nYour action:"
+    assert sum(len(e.input_ids) for e in short) < 0.6 * sum(len(e.input_ids) for e in full)
+    for s_ex, f_ex in zip(short, full):
+        n_s = next(i for i, lab in enumerate(s_ex.labels) if lab != W.IGNORE)
+        n_f = next(i for i, lab in enumerate(f_ex.labels) if lab != W.IGNORE)
+        assert s_ex.input_ids[n_s:] == f_ex.input_ids[n_f:]  # same target
+        assert s_ex.kind.startswith("policy/short/")
+
+
 def test_demonstration_mix_and_recovery_states(ultimate_demos):
     cfg, demos = ultimate_demos
     conds = {c: sum(d.condition == c for d in demos) for c in ("none", "correct", "wrong")}
@@ -275,10 +296,12 @@ def test_alfworld_warm_start_builds_and_the_study_names_it_by_path(tmp_path, mon
     demonstrations train loadable models, and the study passes them by path (embedded: means the default)."""
     import sys
 
-    cfg = tiny(envs=["alfworld/pick_and_place"])
+    cfg = tiny(envs=["alfworld/pick_and_place"], short_prompt_steps=2)
     paths = W.ensure_models(tmp_path, cfg, progress=False)
     marker = json.loads((paths["policy"] / W.MARKER).read_text())
     assert marker["config"]["envs"] == ["alfworld/pick_and_place"]
+    assert marker["results"]["policy"]["short_prompt"]["steps"] == 2  # the copy curriculum ran first
+    assert marker["results"]["timings_s"]["policy SFT (short prompts)"] <= marker["results"]["timings_s"]["policy SFT"]
     assert set(marker["results"]["policy"]["eval"]) == {f"alfworld/pick_and_place/{c}" for c in ("none", "correct", "wrong")}
     assert marker["results"]["policy"]["action_max_new_tokens"] > cfg.action_max_new_tokens  # room for "take X from Y"
     ev = marker["results"]["policy"]["eval"]["alfworld/pick_and_place/none"]

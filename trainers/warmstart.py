@@ -103,6 +103,12 @@ class WarmStartConfig:
     # entropy 1.17 nats per token), where GRPO found no signal in 10 steps; 90 steps sit just past it
     # (greedy 1.00 on the build's held-out seeds): the cliff is in docs/results.md.
     policy_steps: int = 90
+    # Policy SFT steps before the main ones on short prompts: the task line and the current observation,
+    # without the system text, the history or an entry (its own optimiser and schedule). On ALFWorld a
+    # policy trained on full prompts never learned to copy the task's object into "take"/"move" (1,400
+    # steps: 0 of 24 held-out takes right); the same model copies after ~150 steps of short prompts, and
+    # the skill carries over to full prompts within ~50 (a synthetic check: docs/results_discussion.md).
+    short_prompt_steps: int = 0
     extractor_steps: int = 600  # extractor SFT optimiser steps (~0.6 s each here)
     batch_size: int = 16  # sequences per policy SFT step
     extractor_batch_size: int = 4  # sequences per extractor SFT step (its sequences are about twice as long)
@@ -467,13 +473,22 @@ def _join(tokenizer: Any, prompt_ids: list[int], target: str, kind: str) -> SFTE
     return SFTExample(prompt_ids + tgt, [IGNORE] * len(prompt_ids) + tgt, kind)
 
 
-def policy_examples(demos: Sequence[Demo], tokenizer: Any, cfg: WarmStartConfig) -> tuple[list[SFTExample], int]:
-    """(examples, number dropped for exceeding max_seq_len): one example per labelled turn."""
+def _short_prompt(demo: Demo, turn: Turn) -> list[dict[str, str]]:
+    """The curriculum's prompt (`short_prompt_steps`): the actor's user message with no entry and no
+    history, and no system message."""
+    return P.actor_messages(action_format=demo.action_format, task=demo.task, observation=turn.observation)[1:]
+
+
+def policy_examples(demos: Sequence[Demo], tokenizer: Any, cfg: WarmStartConfig, *,
+                    short: bool = False) -> tuple[list[SFTExample], int]:
+    """(examples, number dropped for exceeding max_seq_len): one example per labelled turn, with the
+    rollout's prompt, or with the curriculum's short one (`short`)."""
     out: list[SFTExample] = []
     dropped = 0
     for d in demos:
         for t in d.turns:
-            ex = _join(tokenizer, _chat_ids(tokenizer, _actor_prompt(cfg, d, t)), t.label, f"policy/{d.source}/{d.condition}")
+            msgs = _short_prompt(d, t) if short else _actor_prompt(cfg, d, t)
+            ex = _join(tokenizer, _chat_ids(tokenizer, msgs), t.label, f"policy/{'short/' if short else ''}{d.source}/{d.condition}")
             if len(ex.input_ids) > cfg.max_seq_len:
                 dropped += 1
                 continue
@@ -911,7 +926,7 @@ def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
     threads = cfg.threads or _free_cores()
     load_at_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     n_envs = len(cfg.envs)
-    units = cfg.demo_episodes * n_envs + cfg.policy_steps + cfg.extractor_steps + 3
+    units = cfg.demo_episodes * n_envs + cfg.short_prompt_steps + cfg.policy_steps + cfg.extractor_steps + 3
     bar = tqdm(total=units, desc="comprl models init", disable=not progress, unit="step", dynamic_ncols=True)
     timings: dict[str, float] = {}
     old_threads = torch.get_num_threads()
@@ -947,6 +962,13 @@ def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
             raise RuntimeError(f"no policy example fits max_seq_len={cfg.max_seq_len}; raise WarmStartConfig.max_seq_len")
         policy = build_tiny_qwen2(tokenizer, cfg.policy_hidden, cfg.policy_layers, cfg.policy_heads, cfg.policy_kv_heads,
                                   max_pos=cfg.max_positions, seed=cfg.seed)
+        short_losses: list[float] = []
+        if cfg.short_prompt_steps > 0:
+            stage("policy SFT (short prompts)")
+            short_ex, _ = policy_examples(demos, tokenizer, cfg, short=True)
+            _, short_losses = _sft(policy, short_ex, cfg.short_prompt_steps, cfg, pad_id=pad_id, seed=cfg.seed + 4,
+                                   batch_size=cfg.batch_size, tick=bar.update, prompt_loss_weight=cfg.prompt_loss_weight)
+            stage("policy SFT")
         first = int(round(cfg.policy_steps * cfg.dagger_at)) if cfg.dagger_episodes > 0 else cfg.policy_steps
         opt, losses = _sft(policy, pol_ex, first, cfg, pad_id=pad_id, seed=cfg.seed, batch_size=cfg.batch_size,
                            tick=bar.update, total_steps=cfg.policy_steps, prompt_loss_weight=cfg.prompt_loss_weight)
@@ -1011,6 +1033,8 @@ def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
         "policy": {"params": _count_params(policy), "examples": len(pol_ex), "dropped_too_long": pol_dropped,
                    "loss_first": round(sum(losses[:10]) / max(1, len(losses[:10])), 4),
                    "loss_last": round(sum(losses[-10:]) / max(1, len(losses[-10:])), 4),
+                   **({"short_prompt": {"steps": len(short_losses), "loss_first": round(sum(short_losses[:10]) / len(short_losses[:10]), 4),
+                                        "loss_last": round(sum(short_losses[-10:]) / len(short_losses[-10:]), 4)}} if short_losses else {}),
                    "dagger": dagger_stats, "eval": pol_eval, "action_max_new_tokens": action_tokens},
         "extractor": {"params": _count_params(extractor), "examples": len(ext_ex), "dropped_too_long": ext_dropped,
                       "loss_first": round(sum(ext_losses[:10]) / max(1, len(ext_losses[:10])), 4),
