@@ -169,6 +169,9 @@ def build(results_dir: Path, out: Path) -> Path:
     md += _argv_section(results_dir, "entry_probe*.json", finished, "Does the policy read an entry?",
                         "The same held-out seeds with no entry, the warm-start teacher's correct entry and a wrong one "
                         "(`benchmarks/entry_probe.py`).")
+    md += _argv_section(results_dir, "copy_probe*.json", finished, "Can a tiny policy learn to copy the task's object?",
+                        "A synthetic ALFWorld-like turn where only copying the task's object into \"take\" is right, "
+                        "trained three ways from the same start (`benchmarks/copy_probe.py`).")
     md += ["## Benchmarks", ""]
     for path in sorted(results_dir.glob("bench_*.json")):
         d = json.loads(path.read_text())

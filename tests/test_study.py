@@ -263,3 +263,35 @@ def test_entry_probe_plays_every_condition_on_the_same_seeds(tmp_path: Path):
     bad = subprocess.run([sys.executable, "benchmarks/entry_probe.py", "--policy", f"p={tmp_path / 'policy'}", "--env", "webshop"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "only minihack/* and alfworld/*" in bad.stderr
+
+
+def test_copy_probe_turns_need_the_task_object_and_the_arms_run(tmp_path: Path):
+    """benchmarks/copy_probe.py: the target's object is the task's, at every slot of the listing, so only
+    copying it is right; a tiny run writes each arm's curve (short prompts first in the curriculum arm)."""
+    import random
+    import re
+
+    from benchmarks import copy_probe
+
+    rng, slots = random.Random(0), set()
+    for _ in range(60):
+        msgs, action = copy_probe.turn(rng, long=False)
+        obj = re.match(r"take (\w+) 1 from", action).group(1)
+        user = msgs[-1]["content"]
+        assert [m["role"] for m in msgs] == ["user"] and user.startswith(f"Task: put a {obj} in ")
+        listing = re.findall(r"a (\w+) 1", user.split("Observation:")[1])
+        assert len(listing) == 3 and listing.count(obj) == 1
+        slots.add(listing.index(obj))
+    assert slots == {0, 1, 2}
+    long_msgs, _ = copy_probe.turn(rng, long=True)
+    assert long_msgs[0]["role"] == "system" and long_msgs[1]["content"].count("Earlier observation:") == 4
+
+    assert copy_probe.main(["--steps", "4", "--short-steps", "2", "--every", "2", "--hidden", "32", "--train", "30",
+                            "--test", "4", "--threads", "1", "--out", "cp", "--results-dir", str(tmp_path)]) == 0
+    d = json.loads((tmp_path / "cp.json").read_text())
+    assert list(d["arms"]) == ["full", "short then full", "full + prompt loss"]
+    assert [p["prompts"] for p in d["arms"]["short then full"]["curve"]] == ["short", "long"]
+    assert [p["prompts"] for p in d["arms"]["full"]["curve"]] == ["long", "long"]
+    assert all(0 <= p["long"] <= 1 and 0 <= p["short"] <= 1 for a in d["arms"].values() for p in a["curve"])
+    assert d["mean_prompt_tokens"]["long"] > 2 * d["mean_prompt_tokens"]["short"]
+    assert d["argv"][:2] == ["python", "benchmarks/copy_probe.py"] and "| short then full |" in (tmp_path / "cp.md").read_text()
