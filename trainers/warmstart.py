@@ -107,7 +107,7 @@ class WarmStartConfig:
     # without the system text, the history or an entry (its own optimiser and schedule). On ALFWorld a
     # policy trained on full prompts never learned to copy the task's object into "take"/"move" (1,400
     # steps: 0 of 24 held-out takes right); the same model copies after ~150 steps of short prompts, and
-    # the skill carries over to full prompts within ~50 (a synthetic check: docs/results_discussion.md).
+    # the skill carries over to full prompts within ~50 (a synthetic check: benchmarks/results/copy_probe.md).
     short_prompt_steps: int = 0
     extractor_steps: int = 600  # extractor SFT optimiser steps (~0.6 s each here)
     batch_size: int = 16  # sequences per policy SFT step
@@ -115,7 +115,9 @@ class WarmStartConfig:
     threads: int = 0  # torch CPU threads while building; 0 = the cores left free by the current load (>= 1)
     # Weight of a language-model loss on the prompt tokens of each policy example, beside the loss on
     # the action's tokens (0 = action tokens only). The prompt repeats names (the task's object in the
-    # task line, the listing and the observation), the signal from which a small model learns to copy.
+    # task line, the listing and the observation), a signal for copying; measured, it did not help: at
+    # 0.5 the synthetic copy probe stays at chance after 300 steps (benchmarks/results/copy_probe.md), as
+    # does the 4.25M ALFWorld policy's "take" (0 of 24 after 300 more steps).
     prompt_loss_weight: float = 0.0
     lr: float = 2e-3  # peak AdamW learning rate (linear warm-up, cosine decay to 10%)
     warmup_steps: int = 15  # linear warm-up steps
