@@ -6,7 +6,9 @@ and without experience (the shape of the paper's Table 1). Resumable: a finished
     python benchmarks/study.py --variants complementary --ablations --ablation-seeds 0 --steps 30
 
 An interrupted run continues from its latest checkpoint; `--extend` continues finished runs to a larger
---steps (the same run: its curves, library and start evaluation carry on).
+--steps (the same run: its curves, library and start evaluation carry on). `--jobs N` runs N runs at
+once, each its own process: the CPU configs train with one thread (`run.threads: 1`), so on this
+2-core machine `--jobs 2` uses the second core that one run at a time leaves idle.
 
 Each run is a real `comprl train` process on the embedded default (configs/minihack_room_cpu.yaml
 unless --config), with `run.eval_at_start` so the starting policy is measured by the same code.
@@ -26,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,10 +76,12 @@ def tiny_warmstart(config: Path):
                            extractor_max_new_tokens=200)
 
 
-def prepare_models(data_dir: Path, work: Path, quick: bool, config: Path) -> tuple[Path | None, list[str]]:
+def prepare_models(data_dir: Path, work: Path, quick: bool, config: Path, jobs: int = 1) -> tuple[Path | None, list[str]]:
     """(the models folder every run links to, extra --set overrides). Existing models in data_dir are
     shared; with --quick and none, tiny ones are built once under work/_models and named by path, so
-    a run never calls ensure_models with the default config on them (that would rebuild them)."""
+    a run never calls ensure_models with the default config on them (that would rebuild them). With
+    `jobs` > 1 the default models are built (or rebuilt) here, once, before any run: runs started
+    together would otherwise each build them, or rebuild one shared folder at the same time."""
     models = data_dir / "models"
     if (models / "policy").is_dir() and (models / "extractor").is_dir():
         from trainers.warmstart import MARKER, WarmStartConfig
@@ -93,10 +98,19 @@ def prepare_models(data_dir: Path, work: Path, quick: bool, config: Path) -> tup
             print(f"custom models, warm-started on {', '.join(envs or [])} ({models})", flush=True)
             return models, [f"actor.path={models / 'policy'}", f"extractor.model.path={models / 'extractor'}"]
         if built != WarmStartConfig().digest():  # comprl train's ensure_models would rebuild them through the link
-            print(f"note: {models} was not built with the current default WarmStartConfig; the first run "
-                  "rebuilds it there (about 10 minutes)", flush=True)
+            print(f"note: {models} was not built with the current default WarmStartConfig; "
+                  + ("it is rebuilt now, once, before the runs" if jobs > 1 else "the first run rebuilds it there")
+                  + " (about 10 minutes)", flush=True)
+            if jobs > 1:
+                from trainers.warmstart import ensure_models
+                ensure_models(data_dir, progress=False)
         return models, []
     if not quick:
+        if jobs > 1:  # one build, shared, instead of one per concurrent run
+            from trainers.warmstart import ensure_models
+            print(f"== default models (built once, then shared) in {models}", flush=True)
+            ensure_models(data_dir, progress=False)
+            return models, []
         return None, []  # each run builds the defaults into its own data dir (comprl train -> ensure_models)
     from trainers.warmstart import ensure_models
 
@@ -302,12 +316,22 @@ def estimate(item: dict, steps: int, sets: list[str], costs: dict) -> dict:
             "seconds_eval": eval_eps * costs["eval_s_per_episode"]}
 
 
-def plan_text(plan: list[dict], steps: int, ests: list[dict], costs: dict) -> str:
-    total = sum(e["seconds"] for e in ests)
+def makespan(seconds: list[float], jobs: int) -> float:
+    """Wall time of runs taken in plan order by `jobs` workers, each starting the next run when it is free."""
+    free = [0.0] * max(1, jobs)
+    for sec in seconds:
+        i = free.index(min(free))
+        free[i] += sec
+    return max(free)
+
+
+def plan_text(plan: list[dict], steps: int, ests: list[dict], costs: dict, jobs: int = 1) -> str:
+    total = makespan([e["seconds"] for e in ests], jobs)
+    at_once = "one run at a time" if jobs == 1 else f"{jobs} runs at a time, each on cores of its own"
     lines = [f"{len(plan)} runs of {steps} steps; estimate from {costs['source']}: "
              f"{costs['train_s_per_episode']:.2f} s per training episode, {costs['eval_s_per_episode']:.2f} s per evaluation "
-             f"episode ({costs['rollout_s_per_episode']:.2f} s for exp_only, which does not update the actor), one run at a "
-             f"time, nothing else on the machine. Experience variants also train the extractor and merge, and ALFWorld prompts "
+             f"episode ({costs['rollout_s_per_episode']:.2f} s for exp_only, which does not update the actor), {at_once}, "
+             f"nothing else on the machine. Experience variants also train the extractor and merge, and ALFWorld prompts "
              f"are longer, so their runs take longer than this.", "",
              "| run | config | episodes/step | training episodes | evaluation episodes | estimate |", "|---|---|---:|---:|---:|---:|"]
     for item, e in zip(plan, ests):
@@ -337,15 +361,18 @@ def unseen_families(plan: list[dict], models: Path) -> list[str]:
     return out
 
 
-def fit_steps(plan: list[dict], budget_h: float, sets_of, costs: dict) -> int:
-    """The most steps per run (at least 1) whose estimated study time fits the budget."""
+def fit_steps(plan: list[dict], budget_h: float, sets_of, costs: dict, jobs: int = 1) -> int:
+    """The most steps per run (at least 1) whose estimated study time (`jobs` runs at a time) fits the budget."""
+    wall = lambda st: makespan([estimate(item, st, sets_of(item, st), costs)["seconds"] for item in plan], jobs)  # noqa: E731
     one = [estimate(item, 1, sets_of(item, 1), costs) for item in plan]
     fixed = sum(e["seconds_eval"] for e in one)  # the start and final evaluations (no periodic ones at 1 step)
     per_step = sum(e["seconds_per_step"] for e in one)
-    steps = max(1, int((budget_h * 3600 - fixed) // per_step))
-    while steps > 1 and sum(estimate(item, steps, sets_of(item, steps), costs)["seconds"] for item in plan) > budget_h * 3600:
-        steps -= 1  # the periodic evaluations (run.eval_every) come on top of the linear guess
-    return steps
+    hi = max(1, int((budget_h * 3600 * max(1, jobs) - fixed) // per_step))  # as if the work split evenly: an upper bound
+    lo = 1
+    while lo < hi:  # the wall time grows with the steps: the largest that fits
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if wall(mid) <= budget_h * 3600 else (lo, mid - 1)
+    return lo
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -371,6 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results-dir", default=str(RESULTS), help="where <name>.json/.md and <name>_runs/ go")
     ap.add_argument("--data-dir", default=str(ROOT / "comprl_data"), help="where built models are taken from (<data-dir>/models)")
     ap.add_argument("--timeout", type=int, default=4 * 3600)
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="runs at once, each its own process (the CPU configs use one thread per run: on 2 cores, 2)")
     ap.add_argument("--extend", action="store_true",
                     help="continue finished runs that have fewer than --steps from their last checkpoint (same library)")
     argv = sys.argv[1:] if argv is None else argv
@@ -396,6 +425,11 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         ap.error(f"unknown variant(s) {bad}; choose from {', '.join(VARIANTS)}")
     seeds = [int(x) for x in args.seeds.split(",")]
+    if args.jobs < 1:
+        ap.error(f"--jobs must be at least 1, not {args.jobs}")
+    if args.jobs > (os.cpu_count() or 1):
+        print(f"warning: --jobs {args.jobs} on {os.cpu_count()} cores: runs will share cores and each take longer than "
+              "the estimate", file=sys.stderr, flush=True)
     ablation_seeds = [int(x) for x in args.ablation_seeds.split(",")]
     name = args.out or ("study_quick" if args.quick else "study")
     results_dir = Path(args.results_dir).resolve()
@@ -408,24 +442,25 @@ def main(argv: list[str] | None = None) -> int:
     plan = build_plan(configs, variants, seeds, args.ablations, ablation_seeds, multitask)
     costs = measured_costs(results_dir)
     if args.budget_hours:
-        args.steps = fit_steps(plan, args.budget_hours, lambda item, st: run_sets(item, st, args.eval_episodes, [], args.set), costs)
+        args.steps = fit_steps(plan, args.budget_hours, lambda item, st: run_sets(item, st, args.eval_episodes, [], args.set), costs,
+                               args.jobs)
         print(f"--budget-hours {args.budget_hours:g}: {args.steps} steps per run", flush=True)
     args.steps = args.steps or 30
     if args.plan:
         for w in unseen_families(plan, Path(args.data_dir).expanduser().resolve() / "models"):
             print(w, file=sys.stderr)
         print(plan_text(plan, args.steps, [estimate(item, args.steps, run_sets(item, args.steps, args.eval_episodes, [], args.set), costs)
-                                           for item in plan], costs))
+                                           for item in plan], costs, args.jobs))
         return 0
     work = results_dir / f"{name}_runs"
     work.mkdir(parents=True, exist_ok=True)
     t_study = time.time()
     env = environment()
-    models, model_sets = prepare_models(Path(args.data_dir).expanduser().resolve(), work, args.quick, config)
+    models, model_sets = prepare_models(Path(args.data_dir).expanduser().resolve(), work, args.quick, config, args.jobs)
     for w in unseen_families(plan, models) if models is not None else []:
         print(w, file=sys.stderr, flush=True)
-    results = []
-    for item in plan:
+
+    def one(item: dict) -> dict:
         label, variant, seed = item["label"], item["variant"], item["seed"]
         tag = f"{label}-seed{seed}"
         done = work / f"{tag}.json"
@@ -436,8 +471,7 @@ def main(argv: list[str] | None = None) -> int:
                 r["curves"] = curves_of(work / tag)
                 done.write_text(json.dumps(r, indent=2))
             if not (args.extend and r.get("steps", 0) < args.steps):
-                results.append(r)
-                continue
+                return r
             before = r  # --extend: continue this finished run to --steps
         sets = run_sets(item, args.steps, args.eval_episodes, model_sets, args.set)
         print(f"== {tag}", flush=True)
@@ -448,7 +482,14 @@ def main(argv: list[str] | None = None) -> int:
             r["seconds"] += before.get("seconds", 0.0)
             r["commit"] = ", ".join(dict.fromkeys([*(before.get("commit") or "?").split(", "), env["commit"]]))
         done.write_text(json.dumps(r, indent=2))
-        results.append(r)
+        print(f"   {tag} finished", flush=True)
+        return r
+
+    # each run is its own `comprl train` process: threads here only wait on them. A failed run does not stop
+    # the others; the study then reports the first failure (the finished runs are kept for a rerun).
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [pool.submit(one, item) for item in plan]
+    results = [f.result() for f in futures]
     write_results(name, {"benchmark": name, "environment": env, "argv": ["python", "benchmarks/study.py", *argv],
                          "args": vars(args), "models": str(models) if models else "built by each run",
                          "wall_s_this_invocation": round(time.time() - t_study, 1), "runs": results},

@@ -42,7 +42,8 @@ def test_quick_study_on_a_fresh_data_dir(tmp_path: Path):
     assert not (tmp_path / "nodata").exists()  # models come from the tiny build, nothing is written there
 
     # --extend: the finished runs continue from their step-2 checkpoints to step 3, as the same runs
-    proc = subprocess.run([sys.executable, "benchmarks/study.py", "--quick", "--extend", "--steps", "3", "--results-dir",
+    # (with --jobs 2: both runs continue at once, each its own process)
+    proc = subprocess.run([sys.executable, "benchmarks/study.py", "--quick", "--extend", "--steps", "3", "--jobs", "2", "--results-dir",
                            str(res), "--data-dir", str(tmp_path / "nodata")], cwd=ROOT, capture_output=True, text=True,
                           timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -103,9 +104,24 @@ def test_full_plan_lists_the_whole_design_and_fits_a_budget(tmp_path: Path):
     steps = int(fit.split("--budget-hours 3: ")[1].split(" steps")[0])
     assert 1 <= steps < 30 and total(fit) <= 3.0
     assert f"31 runs of {steps} steps" in fit
+    fit2 = plan("--budget-hours", "3", "--jobs", "2")  # two runs at a time: more steps fit the same hours
+    steps2 = int(fit2.split("--budget-hours 3: ")[1].split(" steps")[0])
+    assert steps < steps2 <= 2 * steps + 1 and total(fit2) <= 3.0 and "2 runs at a time" in fit2
+    at_once = plan("--steps", "30", "--jobs", "2")
+    assert total(out) / 2 <= total(at_once) < total(out)
     bad = subprocess.run([sys.executable, "benchmarks/study.py", "--plan", "--config", str(tmp_path / "none.yaml")], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "no config file" in bad.stderr
+
+
+def test_makespan_takes_runs_in_plan_order_on_free_workers():
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.study import makespan
+
+    assert makespan([3, 1, 1, 1], 1) == 6
+    assert makespan([3, 1, 1, 1], 2) == 3  # the 1s share the second worker while the 3 runs
+    assert makespan([1, 1, 3], 2) == 4  # in plan order: the 3 starts only when a worker is free
+    assert makespan([], 2) == 0 and makespan([5], 4) == 5
 
 
 def _curve(start: float, end: float) -> list[list[float]]:
