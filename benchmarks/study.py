@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import time
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -82,10 +83,10 @@ def prepare_models(data_dir: Path, work: Path, quick: bool, config: Path, jobs: 
     a run never calls ensure_models with the default config on them (that would rebuild them). With
     `jobs` > 1 the default models are built (or rebuilt) here, once, before any run: runs started
     together would otherwise each build them, or rebuild one shared folder at the same time."""
+    from trainers.warmstart import MARKER, WarmStartConfig, ensure_models
+
     models = data_dir / "models"
     if (models / "policy").is_dir() and (models / "extractor").is_dir():
-        from trainers.warmstart import MARKER, WarmStartConfig
-
         try:
             marker = json.loads((models / "policy" / MARKER).read_text())
         except (OSError, json.JSONDecodeError):
@@ -102,18 +103,14 @@ def prepare_models(data_dir: Path, work: Path, quick: bool, config: Path, jobs: 
                   + ("it is rebuilt now, once, before the runs" if jobs > 1 else "the first run rebuilds it there")
                   + " (about 10 minutes)", flush=True)
             if jobs > 1:
-                from trainers.warmstart import ensure_models
                 ensure_models(data_dir, progress=False)
         return models, []
     if not quick:
         if jobs > 1:  # one build, shared, instead of one per concurrent run
-            from trainers.warmstart import ensure_models
             print(f"== default models (built once, then shared) in {models}", flush=True)
             ensure_models(data_dir, progress=False)
             return models, []
         return None, []  # each run builds the defaults into its own data dir (comprl train -> ensure_models)
-    from trainers.warmstart import ensure_models
-
     t0 = time.time()
     print(f"== tiny models (built once, then reused) in {work / '_models'}", flush=True)
     paths = ensure_models(work / "_models", tiny_warmstart(config), progress=False)
@@ -485,11 +482,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"   {tag} finished", flush=True)
         return r
 
-    # each run is its own `comprl train` process: threads here only wait on them. A failed run does not stop
-    # the others; the study then reports the first failure (the finished runs are kept for a rerun).
+    # each run is its own `comprl train` process: threads here only wait on them. After a failed run no new
+    # run starts; the ones already running finish, and the study reports the failure (finished runs are kept
+    # for a rerun, which resumes).
+    failed = threading.Event()
+
+    def guarded(item: dict) -> dict | None:
+        if failed.is_set():
+            return None  # not started
+        try:
+            return one(item)
+        except BaseException:
+            failed.set()
+            raise
+
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        futures = [pool.submit(one, item) for item in plan]
-    results = [f.result() for f in futures]
+        futures = [pool.submit(guarded, item) for item in plan]
+    results = [f.result() for f in futures]  # the first failure in plan order raises (runs start in plan order)
     write_results(name, {"benchmark": name, "environment": env, "argv": ["python", "benchmarks/study.py", *argv],
                          "args": vars(args), "models": str(models) if models else "built by each run",
                          "wall_s_this_invocation": round(time.time() - t_study, 1), "runs": results},
