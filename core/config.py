@@ -71,6 +71,7 @@ class ManagerConfig:
     oversample: int = 16  # N: candidates = N * k before Eq. 6 re-ranking
     diversify: bool = True  # Eq. 6 re-ranking on/off (ablation switch)
     diversity_lambda: float = 0.4  # lambda in Eq. 6
+    rank_score: str = "rank"  # s_rank in Eq. 6: "rank" (−rank in the similarity order, the release's) or "cosine" (the similarity)
     recent_window_s: float = 300.0  # an entry retrieved within this window is "recent" in Eq. 6
     random_demote_p: float = 0.5  # released code: demote a recently used top hit with this probability
     random_demote: bool = True  # switch for the random demotion above
@@ -87,6 +88,8 @@ class ManagerConfig:
             raise ConfigError("manager.max_wait_ms must be >= 0")
         if self.key not in ("query", "text"):
             raise ConfigError(f"manager.key must be 'query' or 'text', not {self.key!r}")
+        if self.rank_score not in ("rank", "cosine"):
+            raise ConfigError(f"manager.rank_score must be 'rank' or 'cosine', not {self.rank_score!r}")
         if self.filter_by not in ("env", "task", "none"):
             raise ConfigError(f"manager.filter_by must be 'env', 'task' or 'none', not {self.filter_by!r}")
         if not 0.0 <= self.random_demote_p <= 1.0:

@@ -4,12 +4,37 @@
 
 Oversample N×k candidates, re-rank by s, keep the top k. Both stabilisers of the paper target the
 same problem: with low task diversity the same entry keeps coming back.
+
+s_rank is minus the candidate's rank in the similarity order (0, −1, −2, …) by default, as in the
+authors' release: one rank step then weighs as much as the recency penalty, so the count penalty
+(λ·ln(1+c) ≤ ~1) only reorders near neighbours. The cosine itself (`kind="cosine"`) spreads over
+~0.2, which lets the count penalty pull far-down candidates to the top (METHOD.md, Eq. 6).
 """
 from __future__ import annotations
 
 import math
 import random
 from typing import Sequence
+
+
+RANK_SCORES = ("rank", "cosine")
+
+
+def s_rank(similarities: Sequence[float], kind: str = "rank") -> list[float]:
+    """The s_rank term of Eq. 6 for each candidate: −rank in the similarity order, or the similarity.
+
+    Ranks count from 0 for the most similar; equal similarities keep their input order (as the
+    release's enumerate over its result list does).
+    """
+    if kind == "cosine":
+        return [float(x) for x in similarities]
+    if kind != "rank":
+        raise ValueError(f"s_rank kind must be one of {RANK_SCORES}, not {kind!r}")
+    order = sorted(range(len(similarities)), key=lambda i: (-similarities[i], i))
+    out = [0.0] * len(similarities)
+    for r, i in enumerate(order):
+        out[i] = -float(r)
+    return out
 
 
 def eq6_scores(scores: Sequence[float], retrieval_counts: Sequence[int], recent: Sequence[bool], *, lam: float = 0.4) -> list[float]:

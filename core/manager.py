@@ -29,7 +29,7 @@ from typing import Sequence
 import numpy as np
 
 from core.config import IndexConfig, ManagerConfig
-from core.diversify import diversify, random_demotion
+from core.diversify import diversify, eq6_scores, random_demotion, s_rank
 from core.embedding import Embedder
 from core.index import VectorIndex
 from core.store import ExperienceStore, NewEntry, StoreError
@@ -352,19 +352,18 @@ class ExperienceManager:
                     counts = [m.retrieved + picked.get(i, 0) for (_, i), m in zip(valid, metas)]
                     recent = [i in picked or (m.last_retrieved_at is not None and now - m.last_retrieved_at < self.cfg.recent_window_s)
                               for (_, i), m in zip(valid, metas)]
-                    s_list = [s for s, _ in valid]
+                    base = s_rank([s for s, _ in valid], self.cfg.rank_score)  # valid is in similarity order
                     if self.cfg.diversify:
-                        order = diversify(s_list, counts, recent, k=len(valid), lam=self.cfg.diversity_lambda)
+                        order = diversify(base, counts, recent, k=len(valid), lam=self.cfg.diversity_lambda)
+                        ranked = eq6_scores(base, counts, recent, lam=self.cfg.diversity_lambda)
                         if self.cfg.random_demote:
                             order = random_demotion(order, recent, p=self.cfg.random_demote_p, rng=self._rng)
                     else:
-                        order = list(range(len(valid)))
+                        order, ranked = list(range(len(valid))), base
                     for j in order[: ks[r]]:
                         s, i = valid[j]
                         m = metas[j]
-                        rank = s - self.cfg.diversity_lambda * float(np.log1p(counts[j])) - (1.0 if recent[j] else 0.0)
-                        out[r].append(Hit(entry_id=i, text=m.text, score=s, rank_score=rank if self.cfg.diversify else s,
-                                          task=m.task, env=m.env))
+                        out[r].append(Hit(entry_id=i, text=m.text, score=s, rank_score=ranked[j], task=m.task, env=m.env))
                         chosen_ids.append(i)
                         if self.cfg.record_usage:
                             picked[i] = picked.get(i, 0) + 1

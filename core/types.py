@@ -86,7 +86,7 @@ class Hit:
     entry_id: int
     text: str
     score: float  # cosine similarity of query and key (after diversification re-ranking: the raw score)
-    rank_score: float = 0.0  # the Eq. 6 score the ranking used
+    rank_score: float = 0.0  # the score the ranking used: Eq. 6's s(m) with diversification on, else s_rank (−rank or the cosine)
     task: str = ""
     env: str = ""
 

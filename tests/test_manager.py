@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import subprocess
 import sys
 import textwrap
@@ -91,18 +92,19 @@ def test_concurrent_callers_share_micro_batches(store, embedder):
 
 
 def test_diversification_spreads_repeated_retrievals(store, embedder):
-    m = ExperienceManager(store, embedder, ManagerConfig(random_demote=False), IndexConfig(use_gpu="never"))
+    m = ExperienceManager(store, embedder, ManagerConfig(random_demote=False, rank_score="cosine"), IndexConfig(use_gpu="never"))
     try:
         ids = [add(m, format_entry_text(f"Stairs {i}", "room", f"tip number {i} about reaching the stairs"), "e",
                    "reach the staircase down") for i in range(4)]
         got = [m.search_sync(["reach the staircase down"], k=1)[0][0].entry_id for _ in range(4)]
-        # all four keys are identical (same task query): Eq. 6 makes each retrieval pick a fresh one
+        # all four keys are identical (same task query): with the cosine as s_rank, Eq. 6 makes each
+        # retrieval pick a fresh one
         assert sorted(got) == sorted(ids)
     finally:
         m.close()
     # identical queries inside ONE micro-batch are spread too (a task's K/2 rollouts ask at once)
-    m3 = ExperienceManager(store, embedder, ManagerConfig(random_demote=False, batch_size=16, max_wait_ms=50),
-                           IndexConfig(use_gpu="never"))
+    m3 = ExperienceManager(store, embedder, ManagerConfig(random_demote=False, batch_size=16, max_wait_ms=50,
+                                                          rank_score="cosine"), IndexConfig(use_gpu="never"))
     try:
         got = [h[0].entry_id for h in m3.search_sync(["reach the staircase down"] * 4, k=1)]
         assert sorted(got) == sorted(ids) and m3.stats["batches"] == 1
@@ -116,6 +118,35 @@ def test_diversification_spreads_repeated_retrievals(store, embedder):
         m2.close()
     time.sleep(0.3)
     assert sum(store.get(i).retrieved_count for i in ids) >= 4  # counters were written behind
+
+
+def test_default_rank_score_is_minus_the_rank(store, embedder):
+    # s_rank = −rank (the release's): four equal keys rank 0..3 (ties in a fixed order). In one micro-batch,
+    # query 1 takes rank 0 (score 0 − 0 − 0 = 0); for query 2 rank 0 counts as retrieved once, just now:
+    # 0 − 0.4·ln 2 − 1 = −1.27726 < −1 of rank 1, so rank 1; query 3: rank 0 (−1.27726) beats rank 1
+    # (−1 − 1.27726 = −2.27726) and rank 2 (−2); query 4: rank 0 −0.4·ln 3 − 1 = −1.43944 still beats −2.
+    m = ExperienceManager(store, embedder, ManagerConfig(random_demote=False, batch_size=16, max_wait_ms=50),
+                          IndexConfig(use_gpu="never"))
+    try:
+        for i in range(4):
+            add(m, format_entry_text(f"Stairs {i}", "room", f"tip number {i} about reaching the stairs"), "e",
+                "reach the staircase down")
+        hits = [h[0] for h in m.search_sync(["reach the staircase down"] * 4, k=1)]
+        a, b = hits[0].entry_id, hits[1].entry_id
+        assert a != b and [h.entry_id for h in hits] == [a, b, a, a]
+        # each Hit carries the Eq. 6 score its ranking used, not a cosine-based one
+        want = [0.0, -1.0, -0.4 * math.log(2) - 1.0, -0.4 * math.log(3) - 1.0]
+        assert [h.rank_score for h in hits] == pytest.approx(want)
+        assert all(0.5 < h.score <= 1.0001 for h in hits)  # the raw cosine stays in score
+    finally:
+        m.close()
+    m2 = ExperienceManager(store, embedder, ManagerConfig(diversify=False), IndexConfig(use_gpu="never"))
+    try:  # diversification off: rank_score is s_rank itself, −rank, and the top hit is always the same
+        hits = [m2.search_sync(["reach the staircase down"], k=2)[0] for _ in range(3)]
+        assert all([h.rank_score for h in hs] == [0.0, -1.0] for hs in hits)
+        assert len({hs[0].entry_id for hs in hits}) == 1
+    finally:
+        m2.close()
 
 
 EDITOR = textwrap.dedent("""
