@@ -1,6 +1,7 @@
 """The GRPO learner: loss mask, subgroup averaging under micro-batching, an update that moves the policy."""
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -10,6 +11,7 @@ from core.losses import clipped_surrogate_loss
 from core.types import Trajectory
 from trainers.actor_step import _tensors, actor_update, build_rows, episode_advantages, policy_gradient, row_logprobs
 from trainers.config import LossSection, ModelSection
+from trainers.models import pad_right
 from trainers.rollout import Episode, EpisodeSpec, TurnSample
 
 
@@ -95,28 +97,91 @@ def test_advantages_are_split_by_subgroup(tiny):
     assert torch.allclose(adv[3:6], torch.tensor([-1 / 3, 2 / 3, -1 / 3]))
 
 
-def test_micro_batching_gives_the_full_batch_gradient(tiny):
-    eps = batch(tiny)
-    rows = build_rows(eps, episode_advantages(eps, normalize_std=True, joint=False))
+def batch_with_equal_subgroups(backend):
+    """One subgroup of every group is all-equal (zero advantages); episodes of 1..3 turns."""
+    eps = []
+    spec = {0: [(True, 1.0), (True, 0.0), (True, 1.0), (False, 1.0), (False, 1.0), (False, 1.0)],
+            1: [(True, 0.0), (True, 0.0), (True, 0.0), (False, 0.0), (False, 1.0), (False, 0.0)]}
+    words = ["north", "east", "south", "west", "observation", "task"]
+    for gid, outcomes in spec.items():
+        for k, (we, r) in enumerate(outcomes):  # different prompts: different ratios once off-policy
+            e = make_episode(backend, gid, we, r, obs=f"{words[k]} {words[(k + gid + 1) % 6]} observation text")[0]
+            e.turns = e.turns[:1] * (1 + (k + gid) % 3)
+            eps.append(e)
+    return eps
+
+
+@contextlib.contextmanager
+def moved_off_policy(backend):
+    """Move the policy away from the one that sampled (ratios differ from 1, some clip), then restore it."""
+    state = copy.deepcopy(backend.model.state_dict())
+    try:
+        with torch.no_grad():
+            for p in backend.trainable_parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+        yield
+    finally:
+        backend.model.load_state_dict(state)
+
+
+def full_batch_reference(backend, eps, adv, level):
+    """METHOD.md's loss in one call over every turn of every episode, zero advantages included."""
+    rows = [(t, a, e.spec.with_experience) for e, a in zip(eps, adv.tolist()) for t in e.turns]
+    ids, attn = pad_right([t.prompt_ids + t.response_ids for t, _, _ in rows], backend.pad_id)
+    mask = torch.zeros(ids.shape)
+    old = torch.zeros(ids.shape)
+    for i, (t, _, _) in enumerate(rows):
+        mask[i, len(t.prompt_ids):len(t.prompt_ids) + len(t.response_ids)] = 1.0
+        old[i, len(t.prompt_ids):len(t.prompt_ids) + len(t.response_ids)] = torch.tensor(t.logprobs)
+    logp, _ = row_logprobs(backend, ids, attn)
+    return clipped_surrogate_loss(logp, old, torch.tensor([a for _, a, _ in rows]), mask,
+                                  torch.tensor([w for _, _, w in rows]), level=level)[0]
+
+
+@pytest.mark.parametrize("equal_subgroups", [False, True])
+def test_micro_batching_gives_the_full_batch_gradient(tiny, equal_subgroups):
+    eps = batch_with_equal_subgroups(tiny) if equal_subgroups else batch(tiny)
+    adv = episode_advantages(eps, normalize_std=True, joint=False)
+    assert (adv == 0).any() == equal_subgroups
+    rows = build_rows(eps, adv)
     cfg = LossSection(ratio_level="sequence")
     grads = []
-    for mb in (1, 3, 100):
+    with moved_off_policy(tiny):
+        for mb in (1, 3, 100):
+            tiny.model.zero_grad(set_to_none=True)
+            got = policy_gradient(tiny, rows, cfg, mb)["policy/loss"]
+            grads.append([p.grad.clone() for p in tiny.trainable_parameters()])
+        # the reference: one call of the loss over the whole batch, every row, with the subgroup flag
         tiny.model.zero_grad(set_to_none=True)
-        policy_gradient(tiny, rows, cfg, mb)
-        grads.append([p.grad.clone() for p in tiny.trainable_parameters()])
-    # the reference: one call of the loss over the whole batch with the subgroup flag
-    tiny.model.zero_grad(set_to_none=True)
-    ids, attn, mask, old = _tensors(rows, tiny.pad_id)
-    logp, _ = row_logprobs(tiny, ids, attn)
-    a = torch.tensor([r.adv for r in rows])
-    we = torch.tensor([r.with_exp for r in rows])
-    loss, _ = clipped_surrogate_loss(logp, old, a, mask, we, level="sequence")
-    loss.backward()
-    ref = [p.grad.clone() for p in tiny.trainable_parameters()]
+        loss = full_batch_reference(tiny, eps, adv, "sequence")
+        loss.backward()
+        ref = [p.grad.clone() for p in tiny.trainable_parameters()]
+    assert got == pytest.approx(float(loss.detach()), rel=1e-4, abs=1e-6)
     for g in grads:
         for x, y in zip(g, ref):
             assert torch.allclose(x, y, atol=1e-6, rtol=1e-4)
     tiny.model.zero_grad(set_to_none=True)
+
+
+def test_zero_advantage_rows_count_in_the_denominators_by_hand(tiny):
+    """At ratio 1 (the sampling policy) the loss is −mean over subgroups of Σ A·T / Σ T. Every reply has
+    n tokens; no std normalisation. With subgroup: group 0 rewards (1, 0) -> A (0.5, −0.5) over 1 and 2
+    turns; group 1 (1, 1) -> A 0, 1 turn each: objective (0.5n − n + 0) / 5n = −0.1. Without: group 0
+    (1, 1) -> 0 over 3 turns each; group 1 (1, 0) -> (0.5, −0.5) over 2 and 1 turns: (n − 0.5n) / 9n = 1/18.
+    Loss = −(−0.1 + 1/18) / 2 = 1/45 = 0.02222. Dropping the zero rows would give −(−1/6 + 1/6) / 2 = 0."""
+    spec = [(0, True, 1.0, 1), (0, True, 0.0, 2), (1, True, 1.0, 1), (1, True, 1.0, 1),
+            (0, False, 1.0, 3), (0, False, 1.0, 3), (1, False, 1.0, 2), (1, False, 0.0, 1)]
+    eps = []
+    for gid, we, r, turns in spec:
+        e = make_episode(tiny, gid, we, r)[0]
+        e.turns = e.turns[:1] * turns
+        eps.append(e)
+    adv = episode_advantages(eps, normalize_std=False, joint=False)
+    assert adv.tolist() == [0.5, -0.5, 0.0, 0.0, 0.0, 0.0, 0.5, -0.5]
+    tiny.model.zero_grad(set_to_none=True)
+    got = policy_gradient(tiny, build_rows(eps, adv), LossSection(ratio_level="token"), 2)["policy/loss"]
+    tiny.model.zero_grad(set_to_none=True)
+    assert got == pytest.approx(1 / 45, abs=1e-4)
 
 
 def test_update_raises_likelihood_of_advantaged_actions(tiny):
@@ -149,30 +214,33 @@ def test_episode_aggregation_weighs_every_episode_equally(tiny):
     longer outweighs a 1-turn success."""
     from trainers.actor_step import weight_by_episode
 
-    eps = batch(tiny)
+    eps = batch_with_equal_subgroups(tiny)
     for k, e in enumerate(eps):  # episodes of 1..6 turns
         e.turns = e.turns[:1] * (1 + k % 6)
     adv = episode_advantages(eps, normalize_std=True, joint=False)
-    rows = weight_by_episode(build_rows(eps, adv))
-    tiny.model.zero_grad(set_to_none=True)
-    got = policy_gradient(tiny, rows, LossSection(), 4)["policy/loss"]
-    tiny.model.zero_grad(set_to_none=True)
-    per_group = {True: [], False: []}
-    with torch.no_grad():
-        for e, a in zip(eps, adv.tolist()):
-            if a == 0.0:
-                continue
-            one = build_rows([e], torch.tensor([a]))
-            ids, attn, mask, old = _tensors(one, tiny.pad_id)
-            logp, _ = row_logprobs(tiny, ids, attn)
-            loss, _ = clipped_surrogate_loss(logp, old, torch.tensor([a] * len(one)), mask, level="sequence")
-            per_group[e.spec.with_experience].append(float(loss))
-    want = sum(sum(v) / len(v) for v in per_group.values() if v) / sum(1 for v in per_group.values() if v)
-    assert got == pytest.approx(want, rel=1e-4, abs=1e-6)
-    # and the token mean is a different objective on the same batch
-    plain = policy_gradient(tiny, build_rows(eps, adv), LossSection(), 4)["policy/loss"]
-    tiny.model.zero_grad(set_to_none=True)
-    assert plain != pytest.approx(want, rel=1e-3)
+    assert (adv == 0).sum() == 6  # one all-equal subgroup per group: its episodes count in the episode mean
+    with moved_off_policy(tiny):  # at ratio 1 the episode mean of A is 0 in every subgroup: nothing to compare
+        rows = weight_by_episode(build_rows(eps, adv))
+        tiny.model.zero_grad(set_to_none=True)
+        got = policy_gradient(tiny, rows, LossSection(), 4)["policy/loss"]
+        tiny.model.zero_grad(set_to_none=True)
+        per_group = {True: [], False: []}
+        with torch.no_grad():
+            for e, a in zip(eps, adv.tolist()):
+                if a == 0.0:  # counts as one episode with objective 0
+                    per_group[e.spec.with_experience].append(0.0)
+                    continue
+                one = build_rows([e], torch.tensor([a]))
+                ids, attn, mask, old = _tensors(one, tiny.pad_id)
+                logp, _ = row_logprobs(tiny, ids, attn)
+                loss, _ = clipped_surrogate_loss(logp, old, torch.tensor([a] * len(one)), mask, level="sequence")
+                per_group[e.spec.with_experience].append(float(loss))
+        want = sum(sum(v) / len(v) for v in per_group.values() if v) / sum(1 for v in per_group.values() if v)
+        assert got == pytest.approx(want, rel=1e-4, abs=1e-6)
+        # and the token mean is a different objective on the same batch
+        plain = policy_gradient(tiny, build_rows(eps, adv), LossSection(), 4)["policy/loss"]
+        tiny.model.zero_grad(set_to_none=True)
+        assert plain != pytest.approx(want, rel=1e-3)
 
 
 def test_aggregation_is_checked():

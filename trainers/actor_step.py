@@ -4,8 +4,10 @@
 
 1. Advantages per task group, normalised within the with-experience and without-experience
    subgroups separately (core.advantages; the joint ablation is a switch).
-2. Every actor turn of an episode is one row (prompt ids + reply ids, loss on the reply only);
-   rows of zero-advantage episodes are dropped — their gradient is zero.
+2. Every actor turn of an episode is one row (prompt ids + reply ids, loss on the reply only).
+   Rows of zero-advantage episodes are kept for the denominators but never run forward: their
+   objective and gradient are exactly zero, yet METHOD.md (like every TRL loss type) counts their
+   tokens, and their episodes, in their subgroup's mean; dropping them would up-weight the rest.
 3. Clipped surrogate (core.losses), token mean within each subgroup over the WHOLE batch, then the
    mean over the two subgroups: micro-batches hold one subgroup each and are weighted by their share
    of that subgroup's tokens, so gradient accumulation gives exactly the full-batch objective.
@@ -48,10 +50,9 @@ def episode_advantages(episodes: Sequence[Episode], *, normalize_std: bool, join
 
 
 def build_rows(episodes: Sequence[Episode], adv: torch.Tensor) -> list[Row]:
+    """One row per actor turn with a reply, zero-advantage ones included (they count in the denominators)."""
     rows = []
     for i, (e, a) in enumerate(zip(episodes, adv.tolist())):
-        if a == 0.0:
-            continue
         for t in e.turns:
             if not t.response_ids:
                 continue
@@ -60,7 +61,9 @@ def build_rows(episodes: Sequence[Episode], adv: torch.Tensor) -> list[Row]:
 
 
 def weight_by_episode(rows: list[Row]) -> list[Row]:
-    """Rescale advantages so that the subgroup's token mean weighs every episode equally."""
+    """Rescale advantages so that the subgroup's token mean weighs every episode equally.
+
+    The subgroup's tokens and episodes include its zero-advantage episodes (rows with adv 0)."""
     out = []
     for flag in (True, False):
         g = [r for r in rows if r.with_exp == flag]
@@ -139,12 +142,19 @@ def row_logprobs(backend, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Ten
 
 
 def policy_gradient(backend, rows: Sequence[Row], loss_cfg, micro_batch: int) -> dict[str, float]:
-    """Accumulate the gradient of the full-batch objective into .grad, micro-batch by micro-batch."""
+    """Accumulate the gradient of the full-batch objective into .grad, micro-batch by micro-batch.
+
+    Denominators (a subgroup's tokens, the number of subgroups) count every row; only rows with a
+    non-zero advantage run forward, since the others add exactly 0 to the objective and its gradient.
+    The kl/clip/ratio diagnostics are averaged over the rows that ran."""
     subgroups = [g for g in ([r for r in rows if r.with_exp], [r for r in rows if not r.with_exp]) if g]
     tokens = [sum(len(r.ids) - r.start for r in g) for g in subgroups]
+    live = [[r for r in g if r.adv != 0.0] for g in subgroups]
+    n_live = sum(1 for g in live if g)
     total_loss, ent_sum, ent_n = 0.0, 0.0, 0
     kl = clip = ratio = 0.0
-    for g, n_tok in zip(subgroups, tokens):
+    for g, n_tok in zip(live, tokens):
+        g_tok = sum(len(r.ids) - r.start for r in g)
         g = sorted(g, key=lambda r: len(r.ids))  # similar lengths per micro-batch: less padding
         for s in range(0, len(g), micro_batch):
             mb = g[s:s + micro_batch]
@@ -158,9 +168,10 @@ def policy_gradient(backend, rows: Sequence[Row], loss_cfg, micro_batch: int) ->
             loss = loss_mb * share / len(subgroups)
             loss.backward()
             total_loss += float(loss.detach())
-            kl += st["approx_kl"] * share / len(subgroups)
-            clip += st["clip_frac"] * share / len(subgroups)
-            ratio += st["ratio_mean"] * share / len(subgroups)
+            seen = float(mask.sum()) / g_tok / n_live
+            kl += st["approx_kl"] * seen
+            clip += st["clip_frac"] * seen
+            ratio += st["ratio_mean"] * seen
             ent_sum += float((ent * mask_d).sum())
             ent_n += int(mask_d.sum())
     return {"policy/loss": total_loss, "policy/kl_to_old": kl, "policy/clip_frac": clip, "policy/ratio_mean": ratio,
@@ -185,10 +196,11 @@ def actor_update(backend, optimizer: torch.optim.Optimizer, episodes: Sequence[E
     rows = build_rows(episodes, adv)
     if loss_cfg.aggregation == "episode":
         rows = weight_by_episode(rows)
+    live = [r for r in rows if r.adv != 0.0]  # the rows that run forward (the others only count in denominators)
     stats: dict[str, float] = {"policy/frac_nonzero_adv": float((adv != 0).float().mean()) if len(adv) else 0.0,
-                               "policy/rows": float(len(rows)), "policy/tokens": float(sum(len(r.ids) for r in rows)),
+                               "policy/rows": float(len(live)), "policy/tokens": float(sum(len(r.ids) for r in live)),
                                "policy/adv_abs_mean": float(adv.abs().mean()) if len(adv) else 0.0}
-    if not rows:
+    if not live:
         stats.update({"policy/loss": 0.0, "policy/grad_norm": 0.0, "policy/skipped": 1.0})
         return stats
     params = list(backend.trainable_parameters())
