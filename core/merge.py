@@ -5,8 +5,8 @@ The driver does not know who decides: a person in the workbench, or the extracto
 passes a function that prompts it). `merge_fn(chunk) -> list[Operation] | None` gets the entries of
 one chunk; in its operations `ids` are entry ids from that chunk. `update` merges the named
 entries into one new entry, `discard` archives them, `add` writes a new one; entries it does not
-name are kept. `None`, an exception, or any invalid operation means the answer did not parse: the
-whole chunk keeps its originals (never half-applied).
+name are kept. `None`, a string (the reason), an exception, or any invalid operation means the
+answer did not parse: the whole chunk keeps its originals (never half-applied), and the report says why.
 
 `merge_walks` runs several such walks side by side (one per task, or a task's library cut into
 `walks` pieces) and hands each round's chunks to one batched decider; `similarity_order` orders a
@@ -26,8 +26,8 @@ from core.types import Experience, Operation, Source
 
 log = logging.getLogger(__name__)
 
-MergeFn = Callable[[list[Experience]], "list[Operation] | None"]
-MergeOutcome = Union[list[Operation], None, Exception]  # a chunk's operations, no parse, or what the decider raised
+MergeFn = Callable[[list[Experience]], "list[Operation] | str | None"]
+MergeOutcome = Union[list[Operation], None, str, Exception]  # a chunk's operations, no parse, why not, or what the decider raised
 BatchMergeFn = Callable[[list[list[Experience]]], list[MergeOutcome]]  # chunks -> one outcome per chunk
 
 
@@ -185,6 +185,8 @@ class _Walk:
         """Write one chunk's decision; True when the store changed."""
         if isinstance(outcome, Exception):
             why = f"merge_fn raised {type(outcome).__name__}: {outcome}"
+        elif isinstance(outcome, str):
+            why = f"answer did not parse: {outcome}"
         else:
             why = "merge_fn returned nothing parseable" if outcome is None else _valid_chunk_ops(outcome, {e.id for e in chunk})
         if why:  # never half-applied: the chunk keeps its originals, nothing is carried

@@ -226,8 +226,9 @@ def test_extractor_teacher_answers_parse(ultimate_demos):
     assert kinds == {"extractor/extract", "extractor/rewrite", "extractor/merge"}
     for d in demos:
         ops, answer = W._extractor_target(d)
-        parsed = W.parse_extractor_answer(answer, n_previous=1 if d.entry else 0)
-        assert parsed == ops
+        parsed = W.parse_extractor_answer(answer, n_previous=1 if d.entry else 0)  # the parser training uses
+        assert [(p.kind, p.text, p.ids) for p in parsed] == [
+            (op["function"], op.get("new_memory") or op.get("updated_memory"), op.get("idx_list", [])) for op in ops]
         for op in ops:
             text = op.get("new_memory") or op.get("updated_memory")
             assert text.startswith("## Title: ") and "## Content: " in text
@@ -241,7 +242,8 @@ def test_parse_extractor_answer_rejects_malformed():
     good = '<think>x</think><answer>[{"function": "add", "new_memory": "## Title: a\\n## Description: b\\n## Content: c"}]</answer>'
     assert W.parse_extractor_answer(good) is not None
     assert W.parse_extractor_answer("<think>x</think><answer>[]</answer>") == []
-    assert W.parse_extractor_answer("<answer>[]</answer>") is None
+    assert W.parse_extractor_answer("<answer>[]</answer>") == []  # <think> is not required (nor by the release)
+    assert W.parse_extractor_answer('<think>x</think><answer>[{"function": "update", "idx_list": [0], "updated_memory": "m"}]</answer>') is None
     assert W.parse_extractor_answer("<think>x</think><answer>[{]</answer>") is None
     assert W.parse_extractor_answer('<think>x</think><answer>[{"function": "update", "idx_list": [3], "updated_memory": "m"}]</answer>', n_previous=1) is None
     assert W.parse_extractor_answer('<think>x</think><answer>[{"function": "delete"}]</answer>') is None

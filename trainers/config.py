@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from core.config import ConfigError, LibraryConfig, from_dict, load_yaml, to_dict
+from trainers.parsing import OP_BUDGET
 
 VARIANTS = ("grpo", "static", "exp_only", "complementary")
 EMBEDDED_PREFIX = "embedded:"
@@ -143,7 +144,7 @@ class ExtractorSection:
     alpha: float = 0.5  # Eq. 7 exponent
     cooldown: int = 1  # Eq. 7 cooldown in extractor updates
     relative_reward: bool = False  # ablation: reward = improvement over the experience-free mean
-    op_budget: int = 2  # operations per distillation answer
+    op_budget: int = OP_BUDGET  # operations per distillation answer (the release's 3; the warm start shows the same)
     merge_every: int = 5  # actor updates between periodic merges (0 = never)
     max_backlog: int = 256  # episodes waiting for distillation beyond this are dropped (counted in extractor/dropped)
     templates_file: str = ""  # YAML overriding prompt templates (trainers/prompts.py names)

@@ -16,12 +16,10 @@ baseline, Eq. 7 weights looked up by entry id, CISPO loss.
 """
 from __future__ import annotations
 
-import json
 import queue
-import re
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -35,109 +33,8 @@ from core.store import ExperienceStore
 from core.types import Experience, Generation, Operation, Source
 from trainers import prompts as P
 from trainers.models import pad_right
+from trainers.parsing import Parsed, parse_extraction, parse_merge, parse_merge_answer, parse_rewrite
 from trainers.rollout import Episode
-
-ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
-
-
-# -- parsing ------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Parsed:
-    ops: list[Operation] = field(default_factory=list)
-    error: str = ""  # why the whole answer is a no-op ("" = parsed)
-
-
-def _answer_json(text: str) -> tuple[Any, str]:
-    m = ANSWER.search(text)
-    if m is None:
-        return None, "no <answer>…</answer> block"
-    body = m.group(1).strip()
-    try:
-        return json.loads(body), ""
-    except json.JSONDecodeError as e:
-        return None, f"answer is not JSON ({e.msg})"
-
-
-def parse_extraction(text: str, previous_ids: Sequence[int], *, budget: int = 8, max_chars: int = 4000) -> Parsed:
-    """The extractor's answer -> operations, all or nothing. `update` indices refer to `previous_ids`."""
-    data, err = _answer_json(text)
-    if err:
-        return Parsed(error=err)
-    if not isinstance(data, list):
-        return Parsed(error="answer is not a JSON list")
-    if len(data) > budget:
-        return Parsed(error=f"{len(data)} operations, over the budget of {budget}")
-    ops = []
-    for i, item in enumerate(data):
-        if not isinstance(item, dict):
-            return Parsed(error=f"operation {i} is not an object")
-        fn = item.get("function")
-        if fn == "add":
-            mem = item.get("new_memory")
-            if not isinstance(mem, str) or not mem.strip():
-                return Parsed(error=f"operation {i}: add needs a non-empty new_memory")
-            if len(mem) > max_chars:
-                return Parsed(error=f"operation {i}: memory over {max_chars} characters")
-            ops.append(Operation("add", text=mem.strip()))
-        elif fn == "update":
-            idx, mem = item.get("idx_list"), item.get("updated_memory")
-            if not isinstance(idx, list) or not idx or not all(isinstance(x, int) and not isinstance(x, bool) for x in idx):
-                return Parsed(error=f"operation {i}: update needs idx_list, a non-empty list of integers")
-            if any(x < 0 or x >= len(previous_ids) for x in idx):
-                return Parsed(error=f"operation {i}: index out of range (there are {len(previous_ids)} previous memories)")
-            if len(set(idx)) != len(idx):
-                return Parsed(error=f"operation {i}: an index repeats")
-            if not isinstance(mem, str) or not mem.strip():
-                return Parsed(error=f"operation {i}: update needs a non-empty updated_memory")
-            if len(mem) > max_chars:
-                return Parsed(error=f"operation {i}: memory over {max_chars} characters")
-            ops.append(Operation("update", text=mem.strip(), ids=[int(previous_ids[x]) for x in idx]))
-        else:
-            return Parsed(error=f"operation {i}: unknown function {fn!r} (expected add or update)")
-    named = [j for op in ops for j in op.ids]
-    if len(named) != len(set(named)):
-        return Parsed(error="two updates name the same previous memory")
-    return Parsed(ops)
-
-
-def parse_merge(text: str, chunk: Sequence[Experience]) -> list[Operation] | None:
-    """A merge answer -> operations on the chunk's entries, or None when it does not parse.
-
-    `{"function": "merge", "idx_list": [i, j, ...], "merged_memory": "..."}` replaces two or more
-    entries by one (without `merged_memory`, by entry i's text); `{"function": "discard",
-    "idx_list": [...]}` removes entries."""
-    data, err = _answer_json(text)
-    if err or not isinstance(data, list):
-        return None
-    ops = []
-    for item in data:
-        if not isinstance(item, dict):
-            return None
-        idx = item.get("idx_list")
-        if not isinstance(idx, list) or not idx or not all(isinstance(x, int) and 0 <= x < len(chunk) for x in idx):
-            return None
-        if len(set(idx)) != len(idx):  # [0, 0] would "merge" an entry with itself
-            return None
-        ids = [chunk[x].id for x in idx]
-        if item.get("function") == "merge":
-            # Without merged_memory the group keeps its first listed entry's text (duplicates collapse
-            # into it): the short form a small extractor can write reliably.
-            mem = item.get("merged_memory", chunk[idx[0]].text)
-            if not isinstance(mem, str) or not mem.strip() or len(idx) < 2:
-                return None
-            ops.append(Operation("update", text=mem.strip(), ids=ids))
-        elif item.get("function") == "discard":
-            ops.append(Operation("discard", ids=ids))
-        else:
-            return None
-    return ops
-
-
-def parse_rewrite(text: str) -> str:
-    m = ANSWER.search(text)
-    return (m.group(1) if m else "").strip()
 
 
 # -- the loop -----------------------------------------------------------------------------------------
@@ -244,7 +141,8 @@ class ExperienceLoop:
             outcome = "success" if e.success else "failure"
             users.append(self.templates["EXTRACTOR_USER"].format(
                 task=e.traj.task, outcome=outcome, num_actions=e.traj.num_actions, previous=P.numbered([texts[i] for i in ids]),
-                trajectory=P.trajectory_text([(s.observation, s.action) for s in e.traj.steps], max_chars=self.xc.trajectory_chars),
+                trajectory=P.trajectory_text([(s.observation, s.action) for s in e.traj.steps], max_chars=self.xc.trajectory_chars,
+                                             final=e.traj.final_observation),
                 budget=self.xc.op_budget))
         gens = self._generate(users, seed=hash((self.run_id, work[0][1], len(users))) & 0x7FFFFFFF)
         results = []
@@ -278,7 +176,7 @@ class ExperienceLoop:
     def tool_fn(self, task: str, query: str, env: str, step: int) -> tuple[str, list[int], Any]:
         t0 = time.perf_counter()
         self.counters["tool_calls"] += 1
-        hits = self.manager.search_sync([query or task], k=1, task=env)[0]
+        hits = self.manager.search_sync([query or task], k=1, task=env, scope=[task])[0]
         if not hits:
             self.tool_latency_ms.append((time.perf_counter() - t0) * 1000)
             return "", [], None
@@ -427,15 +325,15 @@ class ExperienceLoop:
                 entries = sorted(entries, key=lambda e: e.id)
             walks += split_walks(entries, mc.walks, mc.chunk_size)
 
-        def merge_batch(chunks: list[list[Experience]]) -> list[list[Operation] | None]:
+        def merge_batch(chunks: list[list[Experience]]) -> list[list[Operation] | str]:
             users = [self.templates["MERGE_USER"].format(task=c[0].task, entries=P.numbered([e.text for e in c])) for c in chunks]
             gens = self._generate(users, seed=step * 104729 + chunks[0][0].id, greedy=True)
             out = []
             for c, g in zip(chunks, gens):
-                ops = parse_merge(g.response, c)
-                for op in ops or []:
+                p = parse_merge_answer(g.response, c)
+                for op in p.ops:
                     op.generation = g  # merge generations are credited like extraction ones when retrieved
-                out.append(ops)
+                out.append(p.error or p.ops)  # a reason keeps the chunk's originals and is reported
             return out
 
         rep = merge_walks(self.store, walks, merge_batch, chunk_size=mc.chunk_size, batch=mc.batch, actor="extractor",

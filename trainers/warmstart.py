@@ -42,6 +42,7 @@ from core.types import format_entry_text
 from envs.base import keeps_intro
 from trainers import prompts as P
 from trainers.models import BackendError, build_tiny_qwen2, build_tokenizer, load_backend, save_model_folder
+from trainers.parsing import OP_BUDGET, parse_extractor_answer
 
 __all__ = [
     "WarmStartConfig",
@@ -127,7 +128,7 @@ class WarmStartConfig:
     history_chars: int = 1200  # actor prompt: character budget of the history (must match the rollout)
     allow_tool: bool = False  # actor prompt: the system text that offers search-and-ask (must match the rollout)
     trajectory_chars: int = 1500  # extractor prompt: trajectory_text max_chars (must match the extractor consumer)
-    op_budget: int = 2  # extractor prompt: the operation budget shown
+    op_budget: int = OP_BUDGET  # extractor prompt: the operation budget shown (must match extractor.op_budget)
     merge_every_demos: int = 4  # extractor SFT: one merge chunk (5 entries of a task) per this many demos of the task
     # Tokens generated per actor turn in the evaluation and DAgger rollouts: at least this many, and never
     # fewer than the longest demonstrated action and its end token. ALFWorld's "take soapbar 1 from
@@ -673,42 +674,6 @@ def extractor_examples(demos: Sequence[Demo], tokenizer: Any, cfg: WarmStartConf
     return out, dropped
 
 
-_ANSWER = re.compile(r"<think>.*?</think>\s*<answer>(.*?)</answer>", re.S)
-
-
-def parse_extractor_answer(text: str, *, n_previous: int = 0) -> list[dict[str, Any]] | None:
-    """The operation list of an extraction answer, or None when it is malformed (a no-op upstream).
-
-    Well-formed: `<think>…</think><answer>[…]</answer>` whose list holds only
-    {"function": "add", "new_memory": str} and {"function": "update", "idx_list": [valid ints],
-    "updated_memory": str}, with non-empty entry texts.
-    """
-    m = _ANSWER.search(text)
-    if not m:
-        return None
-    try:
-        ops = json.loads(m.group(1).strip())
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(ops, list):
-        return None
-    for op in ops:
-        if not isinstance(op, dict):
-            return None
-        if op.get("function") == "add":
-            if not isinstance(op.get("new_memory"), str) or not op["new_memory"].strip():
-                return None
-        elif op.get("function") == "update":
-            idx = op.get("idx_list")
-            if not isinstance(idx, list) or not idx or not all(isinstance(i, int) and 0 <= i < max(n_previous, 1) for i in idx):
-                return None
-            if not isinstance(op.get("updated_memory"), str) or not op["updated_memory"].strip():
-                return None
-        else:
-            return None
-    return ops
-
-
 # ============================================================================ training
 
 def _sft(model: Any, examples: Sequence[SFTExample], steps: int, cfg: WarmStartConfig, *, pad_id: int, seed: int,
@@ -877,7 +842,7 @@ def _evaluate_merge(backend: Any, cfg: WarmStartConfig, demos: Sequence[Demo]) -
     """Greedy merge answers on held-out chunks (lessons of the evaluation episodes): the share that
     parses, the share with at least one operation, and the share equal to the teacher's answer."""
     from core.types import Experience
-    from trainers.extractor import _answer_json, parse_merge
+    from trainers.parsing import _answer_json, parse_merge
 
     rng = random.Random(cfg.seed + 13)
     by_task: dict[str, list[Demo]] = {}
