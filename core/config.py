@@ -77,6 +77,11 @@ class ManagerConfig:
     random_demote: bool = True  # switch for the random demotion above
     key: str = "query"  # what keys an entry in the index: "query" (source episode's task, released code) or "text"
     filter_by: str = "env"  # restrict retrieval to entries of the same "env", the same "task", or "none"
+    # Within the filter group, look first among the entries written for the query's own task (the episode's task
+    # text; a recurring task's "Dungeon 17: ..."), falling back to the whole group when that task has none. Task
+    # texts that differ only in an id sit close together in embedding space, so without this a lesson about one
+    # dungeon is often retrieved for another. Eq. 6 (and Eq. 7) act within the candidates either way.
+    task_scope: bool = False
     sync_interval_s: float = 0.5  # how often to poll the store's library version for other processes' edits
     max_text_chars: int = 4000  # refuse entries longer than this
     record_usage: bool = True  # count retrievals (Eq. 6 inputs); off for a person's searches in the CLI or UI

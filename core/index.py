@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import faiss
 import numpy as np
@@ -153,17 +154,20 @@ class VectorIndex:
     def groups(self) -> list[str]:
         return sorted(self._groups)
 
-    def search(self, queries: np.ndarray, k: int, group: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def search(self, queries: np.ndarray, k: int, group: str | Sequence[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(scores (n, k), ids (n, k)); missing results are id -1 with score -inf.
 
-        `group=None` searches every group and keeps the best k across them.
+        `group=None` searches every group and keeps the best k across them; a list of group names
+        searches those groups and keeps the best k across them.
         """
         queries = np.ascontiguousarray(queries, dtype=np.float32)
         n = len(queries)
-        if group is not None:
+        if group is None:
+            names = list(self._groups)
+        elif isinstance(group, str):
             names = [group] if group in self._groups else []
         else:
-            names = list(self._groups)
+            names = [g for g in group if g in self._groups]
         all_s, all_i = [], []
         for name in names:
             g = self._groups[name]

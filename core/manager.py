@@ -36,6 +36,7 @@ from core.store import ExperienceStore, NewEntry, StoreError
 from core.types import Experience, Generation, Hit, Operation, OpResult, Source, Status
 
 log = logging.getLogger(__name__)
+_SEP = "\x1f"  # joins a filter group and a task into one index group name (manager.task_scope)
 
 
 class RWLock:
@@ -110,6 +111,7 @@ class _Pending:
     group: str | None
     k: int
     future: asyncio.Future
+    scope: str | None = None  # the query's own task (manager.task_scope)
 
 
 @dataclass
@@ -203,7 +205,21 @@ class ExperienceManager:
         self.close()
 
     def _group_of(self, e: Experience | _Meta) -> str:
-        return {"env": e.env, "task": e.task, "none": ""}[self.cfg.filter_by]
+        group = {"env": e.env, "task": e.task, "none": ""}[self.cfg.filter_by]
+        # task_scope: one index group per (filter group, task), so a task's own entries are one search
+        return f"{group}{_SEP}{e.task}" if self.cfg.task_scope else group
+
+    def _search_groups(self, group: str | None, scope: str | None) -> str | tuple[str, ...] | None:
+        """The index groups one query searches: its filter group, or with task_scope its own task's
+        group when that holds an entry, else every task group of its filter group."""
+        if not self.cfg.task_scope:
+            return group
+        own = f"{group or ''}{_SEP}{scope or ''}"
+        if scope is not None and own in self.index.groups():
+            return (own,)
+        if group is None:
+            return None
+        return tuple(g for g in self.index.groups() if g.startswith(f"{group}{_SEP}"))
 
     # -- keeping in step with the store ---------------------------------------------------------
 
@@ -265,30 +281,34 @@ class ExperienceManager:
 
     # -- retrieval -------------------------------------------------------------------------------
 
-    async def search(self, queries: Sequence[str], k: int | None = None, task: str | Sequence[str | None] | None = None) -> list[list[Hit]]:
+    async def search(self, queries: Sequence[str], k: int | None = None, task: str | Sequence[str | None] | None = None,
+                     scope: Sequence[str | None] | None = None) -> list[list[Hit]]:
         """Top-k entries per query. `task` restricts each query to one group of entries (the env name
-        when manager.filter_by is 'env', the task text when 'task'); a list gives one per query."""
+        when manager.filter_by is 'env', the task text when 'task'); a list gives one per query.
+        `scope` (one per query): the query's own task text, searched first when manager.task_scope is on."""
         if asyncio.get_running_loop() is not self._loop:
-            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._search(list(queries), k, task), self._loop))
-        return await self._search(list(queries), k, task)
+            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._search(list(queries), k, task, scope), self._loop))
+        return await self._search(list(queries), k, task, scope)
 
     def search_sync(self, queries: Sequence[str], k: int | None = None, task: str | Sequence[str | None] | None = None,
-                    timeout: float | None = 60.0) -> list[list[Hit]]:
+                    timeout: float | None = 60.0, scope: Sequence[str | None] | None = None) -> list[list[Hit]]:
         if self._loop is None:
             raise RuntimeError("the ExperienceManager is not started")
-        fut = asyncio.run_coroutine_threadsafe(self._search(list(queries), k, task), self._loop)
+        fut = asyncio.run_coroutine_threadsafe(self._search(list(queries), k, task, scope), self._loop)
         return fut.result(timeout)
 
-    async def _search(self, queries: list[str], k: int | None, task: str | Sequence[str | None] | None) -> list[list[Hit]]:
+    async def _search(self, queries: list[str], k: int | None, task: str | Sequence[str | None] | None,
+                      scope: Sequence[str | None] | None = None) -> list[list[Hit]]:
         k = k or self.cfg.top_k
         groups = list(task) if isinstance(task, (list, tuple)) else [task] * len(queries)
-        if len(groups) != len(queries):
-            raise ValueError("task, when a list, must give one group per query")
+        scopes = list(scope) if scope is not None else [None] * len(queries)
+        if len(groups) != len(queries) or len(scopes) != len(queries):
+            raise ValueError("task and scope, when lists, must give one per query")
         loop = asyncio.get_running_loop()
         futs = []
-        for q, g in zip(queries, groups):
+        for q, g, sc in zip(queries, groups, scopes):
             fut = loop.create_future()
-            self._pending.append(_Pending(q, g if self.cfg.filter_by != "none" else None, k, fut))
+            self._pending.append(_Pending(q, g if self.cfg.filter_by != "none" else None, k, fut, sc))
             futs.append(fut)
         if len(self._pending) >= self.cfg.batch_size:
             self._flush()
@@ -320,27 +340,29 @@ class ExperienceManager:
     def _process(self, batch: list[_Pending]) -> list[list[Hit]]:
         t0 = time.perf_counter()
         vecs = self.embedder.embed_queries([p.query for p in batch])  # (B, d), misses embedded in one call
-        results = self.retrieve_vectors(vecs, [p.group for p in batch], [p.k for p in batch])
+        results = self.retrieve_vectors(vecs, [p.group for p in batch], [p.k for p in batch], [p.scope for p in batch])
         ms = (time.perf_counter() - t0) * 1000.0
         for _ in batch:
             self.latency.add(ms)
         self.stats["batches"] += 1
         return results
 
-    def retrieve_vectors(self, vecs: np.ndarray, groups: list[str | None], ks: list[int]) -> list[list[Hit]]:
+    def retrieve_vectors(self, vecs: np.ndarray, groups: list[str | None], ks: list[int],
+                         scopes: Sequence[str | None] | None = None) -> list[list[Hit]]:
         """Search, re-rank and count, for already-embedded queries (B, d)."""
         kmax = max(ks)
         n_cand = kmax * (self.cfg.oversample if self.cfg.diversify else 1)
         out: list[list[Hit]] = [[] for _ in groups]
-        by_group: dict[str | None, list[int]] = {}
-        for i, g in enumerate(groups):
-            by_group.setdefault(g, []).append(i)
+        scopes = list(scopes) if scopes is not None else [None] * len(groups)
         now = time.time()
         chosen_ids: list[int] = []
         # Picks earlier in this batch count for the later queries (Eq. 6 sees them as retrieved just now):
         # without this, identical queries of one micro-batch (a task's K/2 rollouts) all get the same entry.
         picked: dict[int, int] = {}
         with self.lock.read():
+            by_group: dict[str | tuple[str, ...] | None, list[int]] = {}
+            for i, (g, sc) in enumerate(zip(groups, scopes)):
+                by_group.setdefault(self._search_groups(g, sc), []).append(i)
             for g, rows in by_group.items():
                 scores, ids = self._parallel_search(vecs[rows], n_cand, g)
                 for r, srow, irow in zip(rows, scores, ids):
@@ -381,7 +403,7 @@ class ExperienceManager:
             self._counter_q.put(chosen_ids)
         return out
 
-    def _parallel_search(self, q: np.ndarray, k: int, group: str | None) -> tuple[np.ndarray, np.ndarray]:
+    def _parallel_search(self, q: np.ndarray, k: int, group: str | tuple[str, ...] | None) -> tuple[np.ndarray, np.ndarray]:
         """Split the batch over W workers (faiss releases the GIL while it searches)."""
         w = min(self.cfg.workers, len(q))
         if w <= 1:

@@ -143,6 +143,7 @@ class Trajectory:
     experience_text: str = ""
     group_id: int = 0
     truncated: bool = False
+    final_observation: str = ""  # what the env said after the last action (the outcome; MiniHack's debrief)
 
     @property
     def num_actions(self) -> int:

@@ -16,6 +16,8 @@ Rules every env keeps:
 """
 from __future__ import annotations
 
+import hashlib
+import re
 from typing import Any, Protocol, runtime_checkable
 
 
@@ -86,3 +88,32 @@ def check_env(env: TextEnv, *, seed: int = 0, actions: list[str] | None = None, 
         assert terminated or truncated, f"episode did not end within max_turns={env.max_turns}"
     if terminated or truncated:
         assert isinstance(info.get("success"), bool), "info['success'] must be a bool at episode end"
+
+
+# -- recurring task sets (env.task_set) ----------------------------------------------------------
+# A run with a finite set of training tasks names each task instance by an id that the actor sees
+# in its task text and that keys retrieval ("Dungeon 17: Reach the staircase ..."), so an entry
+# written from one episode of a task is found when that task comes round again (METHOD.md: the
+# paper's ALFWorld games and WebShop instructions recur the same way). The id fixes the instance:
+# its seed is a hash of (env, id), the same in every run and on every machine.
+
+_INSTANCE_NOUNS = {"minihack": "Dungeon", "alfworld": "Household", "webshop": "Shop", "swe": "Repository"}
+_INSTANCE = re.compile(r"^(?:Dungeon|Household|Shop|Repository|Task) (\d+): ", re.S)
+
+
+def task_seed(env_name: str, task_id: int) -> int:
+    """The env seed of task `task_id` of `env_name` (31 bits: every env's seed range takes it)."""
+    h = hashlib.blake2b(f"{env_name}/task/{int(task_id)}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") & 0x7FFFFFFF
+
+
+def instance_task(env_name: str, task_id: int, task: str) -> str:
+    """The task text of instance `task_id`: 'Dungeon 17: <the env's goal text>'."""
+    noun = _INSTANCE_NOUNS.get(env_name.split("/", 1)[0], "Task")
+    return f"{noun} {int(task_id)}: {task}"
+
+
+def task_id_of(task: str) -> int | None:
+    """The instance id in a task text written by `instance_task`, or None (a random-seed task)."""
+    m = _INSTANCE.match(task or "")
+    return int(m.group(1)) if m else None

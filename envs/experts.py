@@ -8,6 +8,7 @@ that is missing or broken elsewhere does not break MiniHack.
 from __future__ import annotations
 
 import importlib
+import re
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -333,3 +334,39 @@ def expert_action(env: Any) -> str:
         if env.name.startswith(prefix):
             return expert(env)
     raise KeyError(f"no scripted expert for env {env.name!r}; experts exist for: {', '.join(_EXPERTS)}")
+
+
+# -- what the teacher knows of a MiniHack level ----------------------------------------------------
+
+_SEEN = re.compile(r"You see: (.*?)\.?$", re.M)
+
+
+def monsters_in(obs: str) -> set[str]:
+    """Names in a MiniHack observation's 'You see: lichen 1 east; ...' line (the text before the offset)."""
+    names = set()
+    for line in _SEEN.findall(obs):
+        for item in line.split("; "):
+            name = re.split(r" \d", item, maxsplit=1)[0].strip()
+            if name and name not in ("item", "an item", "item (tool or weapon)"):
+                names.add(name)
+    return names
+
+
+def minihack_facts(env: MiniHackEnv, seed: int) -> dict[str, Any]:
+    """Play the expert once on `seed` to learn the level (a privileged view a teacher or a checker
+    may have, never the actor): the staircase's offset from the start (None if the expert never saw
+    it), monsters met, traps seen, actions the expert needed. Leaves the env mid-reset: reset it."""
+    obs, _ = env.reset(seed=seed)
+    monsters = monsters_in(obs)
+    n, info = 0, {}
+    while True:
+        obs, _, term, trunc, info = env.step(expert_action(env))
+        n += 1
+        monsters |= monsters_in(obs)
+        if term or trunc:
+            break
+    offset = None
+    if env.stairs_pos is not None:
+        offset = (env.stairs_pos[0] - env.start_pos[0], env.stairs_pos[1] - env.start_pos[1])
+    return {"offset": offset, "monsters": sorted(monsters), "traps": len(env.traps), "expert_actions": n,
+            "expert_success": bool(info.get("success"))}

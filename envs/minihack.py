@@ -146,6 +146,38 @@ def heading_word(dr: int, dc: int) -> str:
     return ("south" if dr > 0 else "north" if dr < 0 else "") + ("east" if dc > 0 else "west" if dc < 0 else "")
 
 
+def first_heading(dr: int, dc: int) -> str:
+    """The first move of a shortest walk to a map offset along its longer axis: 'south' for (3, 1),
+    'southeast' for (2, 2). Walking it until the target is in view never wastes a step in an open room."""
+    if abs(dr) > abs(dc):
+        return heading_word(dr, 0)
+    if abs(dc) > abs(dr):
+        return heading_word(0, dc)
+    return heading_word(dr, dc)
+
+
+_OFFSET = r"(?:(\d+) (north|south)(?: and (\d+) (east|west))?|(\d+) (east|west))"
+_CLAIM = re.compile(r"stair\w*(?: down)?(?: \(>\))? (?:is|was|lies|lay) " + _OFFSET +
+                    r" of (?:the|your) (?:square where you start\w*|start\w*(?: square)?)", re.I)
+
+
+def claimed_offset(text: str) -> tuple[int, int] | None:
+    """Where an entry says the staircase lies from the start, as (d_row, d_col); None if it says nothing
+    of the kind. Reads the phrasing of the env's debrief ('2 south and 1 east of your starting square')."""
+    m = _CLAIM.search(text or "")
+    if not m:
+        return None
+    n1, d1, n2, d2, n3, d3 = m.groups()
+    dr = dc = 0
+    if n1:
+        dr = int(n1) * (1 if d1.lower() == "south" else -1)
+        if n2:
+            dc = int(n2) * (1 if d2.lower() == "east" else -1)
+    else:
+        dc = int(n3) * (1 if d3.lower() == "east" else -1)
+    return dr, dc
+
+
 class MiniHackEnv:
     """One MiniHack task as a TextEnv. Build it with `make_minihack`."""
 
@@ -186,6 +218,8 @@ class MiniHackEnv:
         self.traps: set[tuple[int, int]] = set()
         self.blocked: set[tuple[int, int]] = set()
         self.has_key = False
+        self.start_pos: tuple[int, int] = (0, 0)
+        self.stairs_pos: tuple[int, int] | None = None  # where '>' was first seen this episode
 
     # ---------------------------------------------------------------- vocabulary
 
@@ -253,7 +287,9 @@ class MiniHackEnv:
         self.traps = set()
         self._turns = 0
         self._done = False
+        self.stairs_pos = None
         self._absorb(obs)
+        self.start_pos = self.agent_pos
         return self._render(), {"admissible_actions": list(self.admissible_actions), "turn": 0}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -281,6 +317,7 @@ class MiniHackEnv:
             self._done = True
             info["success"] = bool(terminated and info.get("end_status") == "success")
             outcome = _OUTCOMES.get(info["end_status"], "") if terminated else "Out of turns: the episode is over."
+            outcome += " " + self.debrief()
         # After an invalid action NetHack did not move, so its message line is from the turn before.
         text += self._render(outcome, show_message=word is not None)
         return text, float(reward), bool(terminated), bool(truncated), info
@@ -345,6 +382,22 @@ class MiniHackEnv:
         self._grid = grid
         self.grid = [bytes(line).decode("latin-1") for line in grid]
         self.has_key = any("key" in _decode(line) for line in obs["inv_strs"])
+        if self.stairs_pos is None:
+            seen = np.argwhere(self._memory == ord(">"))
+            if len(seen):
+                self.stairs_pos = (int(seen[0][0]), int(seen[0][1]))
+
+    def debrief(self) -> str:
+        """The episode's last line: where the staircase was from the start (what a lesson about this
+        level would say), in the words `claimed_offset` reads. A dark room's agent never learns its
+        own coordinates, so without this line no one reading the trajectory could state the offset."""
+        if self.stairs_pos is None:
+            return "Debrief: you never saw the staircase down (>)."
+        dr, dc = self.stairs_pos[0] - self.start_pos[0], self.stairs_pos[1] - self.start_pos[1]
+        if (dr, dc) == (0, 0):
+            return "Debrief: the staircase down (>) was on your starting square."
+        return (f"Debrief: the staircase down (>) was {_relative(dr, dc)} of your starting square "
+                f"(from the start, head {first_heading(dr, dc)}).")
 
     def _note_bump(self, word: str, before: tuple[int, int]) -> None:
         """A move that left us in place ran into something solid: remember it for planning."""

@@ -1,0 +1,211 @@
+"""Recurring task sets (env.task_set), same-task retrieval, and the entry checker: the ground on which an
+experience entry carries information the actor cannot see (issue: experience that carries information)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from core.config import IndexConfig, ManagerConfig
+from core.manager import ExperienceManager, OpContext
+from core.types import Operation, format_entry_text
+from envs.base import instance_task, task_id_of, task_seed
+
+ENV = "minihack/Room-Ultimate-5x5"
+
+
+def _cfg(**env):
+    from trainers.config import load_run_config
+
+    return load_run_config({"env": {"names": {ENV: 1.0}, **env}, "rollout": {"tasks_per_step": 3, "group_size": 4}})
+
+
+def test_task_set_draws_only_its_tasks_each_one_fixed_instance_and_never_the_unseen_ones():
+    from envs.pool import TaskMixture
+    from trainers.cotrain import make_specs
+    from trainers.evaluate import task_sets
+
+    cfg = _cfg(task_set=5)
+    mixture, rng = TaskMixture(cfg.env.names, seed=0), random.Random(0)
+    drawn: dict[int, set[int]] = {}
+    for step in range(1, 41):
+        specs = make_specs(cfg, mixture, rng, step)
+        ids = [s.task_id for s in specs[::4]]
+        assert len(set(ids)) == 3  # distinct tasks within a step (the set has 5)
+        for s in specs:
+            drawn.setdefault(s.task_id, set()).add(s.seed)
+            assert s.seed == task_seed(ENV, s.task_id)
+    assert set(drawn) == {0, 1, 2, 3, 4}  # every task recurs ...
+    assert all(len(seeds) == 1 for seeds in drawn.values())  # ... as the same instance
+    (_, seen), (unseen_tag, unseen) = task_sets(5, 8)
+    assert seen == [0, 1, 2, 3, 4] and unseen_tag == "unseen_" and not set(unseen) & set(drawn)
+    assert task_sets(0, 8) == [("", None)]  # random-seed mode is unchanged
+    off = make_specs(_cfg(), TaskMixture({ENV: 1.0}, seed=0), random.Random(0), 1)
+    assert all(s.task_id is None for s in off) and off[0].seed == random.Random(0).randrange(100_000)
+
+
+def test_task_text_names_the_instance_and_the_instance_is_one_level():
+    from envs.registry import make_env
+
+    t = instance_task(ENV, 17, "Reach the staircase down (>).")
+    assert t == "Dungeon 17: Reach the staircase down (>)." and task_id_of(t) == 17
+    assert task_id_of("Reach the staircase down (>).") is None
+    assert instance_task("alfworld/pick_and_place", 3, "put a mug in a cabinet.").startswith("Household 3: ")
+    assert task_seed(ENV, 17) == task_seed(ENV, 17) != task_seed(ENV, 18) != task_seed("minihack/Room-5x5", 18)
+    env = make_env(ENV)
+    try:
+        a, _ = env.reset(seed=task_seed(ENV, 17))
+        b, _ = env.reset(seed=task_seed(ENV, 17))
+        assert a == b
+    finally:
+        env.close()
+
+
+def test_debrief_states_the_offset_the_checker_reads():
+    from envs.experts import expert_action
+    from envs.minihack import claimed_offset, first_heading, make_minihack
+
+    assert [first_heading(*o) for o in [(3, 1), (2, 2), (-1, -3), (0, 0)]] == ["south", "southeast", "west", ""]
+    env = make_minihack("Room-Ultimate-5x5", max_turns=60)
+    try:
+        for seed in range(6):
+            env.reset(seed=seed)
+            while True:
+                obs, _, term, trunc, info = env.step(expert_action(env))
+                if term or trunc:
+                    break
+            assert "Debrief:" in obs.splitlines()[-1]
+            offset = claimed_offset(obs)
+            if env.stairs_pos is None:
+                assert offset is None and "never saw" in obs
+            else:
+                assert offset == (env.stairs_pos[0] - env.start_pos[0], env.stairs_pos[1] - env.start_pos[1])
+    finally:
+        env.close()
+
+
+def test_entry_checker_on_hand_made_entries():
+    from envs.entry_check import EntryChecker, correct_share
+    from envs.minihack import _relative
+
+    checker = EntryChecker()
+    try:
+        task = instance_task(ENV, 3, "Reach the staircase.")
+        dr, dc = checker.facts(ENV, 3)["offset"]
+        right = format_entry_text("Where the staircase is", "Dungeon 3",
+                                  f"The staircase down (>) is {_relative(dr, dc)} of the square where you start.")
+        wrong = format_entry_text("Where the staircase is", "Dungeon 3",
+                                  f"The staircase down (>) is {_relative(dr + 9, dc)} of the square where you start.")
+        vague = format_entry_text("Monsters", "Dungeon 3", "Attack the lichen by moving into it.")
+        assert checker.verdict(ENV, task, right) == "right"
+        assert checker.verdict(ENV, task, wrong) == "wrong"
+        assert checker.verdict(ENV, task, vague) == "no_claim"
+        assert checker.verdict(ENV, "Reach the staircase.", right) == "unknown"  # no instance id: not checkable
+        assert checker.verdict("alfworld/pick_and_place", task, right) == "unknown"  # no checker for that env
+        assert correct_share(["right", "wrong", "no_claim", "unknown"]) == pytest.approx(1 / 3)
+        assert correct_share(["unknown"]) is None
+    finally:
+        checker.close()
+
+
+def _library(store, embedder, *, scope: bool) -> ExperienceManager:
+    m = ExperienceManager(store, embedder, ManagerConfig(random_demote=False, task_scope=scope),
+                          IndexConfig(use_gpu="never"))
+    return m
+
+
+def test_same_task_retrieval_rate_on_a_small_library(store, embedder):
+    """Task texts that differ only in an id are near neighbours in MiniLM space. A step's K/2 rollouts of
+    one dungeon retrieve together; Eq. 6 counts each pick against the next (a recent pick loses 1), so
+    with whole-env retrieval a later rollout of a dungeon gets another dungeon's entry while unused ones
+    remain. task_scope keeps every one on its own dungeon's entries (Eq. 6 still ranks within them) and
+    falls back to the env's."""
+    goal = "Reach the staircase down (>) in a dark 5x5 room; you only see the squares next to you."
+    tasks = [instance_task(ENV, i, goal) for i in range(12)]
+    m = _library(store, embedder, scope=True)
+    queries = [t for t in tasks[:10] for _ in range(4)]  # 4 with-experience rollouts per dungeon, as a step asks
+
+    def rate(mgr) -> float:
+        hits = mgr.search_sync(queries, task=[ENV] * len(queries), scope=queries)
+        return sum(h[0].task == t for h, t in zip(hits, queries)) / len(queries)
+
+    try:
+        for i, t in enumerate(tasks[:10]):  # dungeons 10 and 11 have no entry yet
+            text = format_entry_text("Where the staircase is", f"Dungeon {i}", f"A lesson about dungeon {i}.")
+            assert m.apply_operations([Operation("add", text=text)], OpContext(env=ENV, task=t))[0].ok
+    finally:
+        m.close()
+    plain = _library(store, embedder, scope=False)  # first, on a library nothing has been retrieved from yet
+    try:
+        unscoped = rate(plain)
+    finally:
+        plain.close()
+    m = _library(store, embedder, scope=True)
+    try:
+        scoped = rate(m)
+        hit = m.search_sync([tasks[10]], task=ENV, scope=[tasks[10]])[0]  # no entry of its own: falls back to the env
+        assert len(hit) == 1 and hit[0].env == ENV and hit[0].task != tasks[10]
+        assert m.search_sync([tasks[10]], task="minihack/Room-5x5", scope=[tasks[10]]) == [[]]  # never another env
+    finally:
+        m.close()
+    assert scoped == 1.0
+    assert unscoped < 1.0  # 0.9 here: the second rollout of a dungeon got another dungeon's entry (Eq. 6's recency)
+
+
+@pytest.mark.slow
+def test_recurring_run_logs_same_task_rate_correctness_and_unseen_evaluation(tmp_path):
+    """A 2-step `comprl train` on a task set of 3 with a library seeded by hand (one right entry per dungeon
+    and one wrong): the new metrics reach the store."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from core.store import ExperienceStore, NewEntry
+    from core.types import Source
+    from envs.entry_check import EntryChecker
+    from envs.minihack import TASKS, _relative
+    from trainers import prompts as P
+    from trainers.models import build_tiny_qwen2, build_tokenizer, save_model_folder
+
+    env, models = "minihack/Room-5x5", tmp_path / "models"
+    tok = build_tokenizer([P.ACTOR_SYSTEM, P.ACTOR_USER, P.EXTRACTOR_USER, "north east south west"] * 30, vocab_size=400)
+    for name in ("policy", "extractor"):
+        save_model_folder(build_tiny_qwen2(tok, hidden=32, layers=1, heads=2, kv_heads=1, seed=1), tok, models / name)
+    data = tmp_path / "data"
+    data.mkdir()
+    store = ExperienceStore(f"sqlite:///{data / 'workbench.db'}")
+    checker = EntryChecker()
+    entries = []
+    for i in range(3):
+        dr, dc = checker.facts(env, i)["offset"]
+        task = instance_task(env, i, TASKS["Room-5x5"].goal)
+        says = (dr + 7, dc) if i == 2 else (dr, dc)  # dungeon 2's entry is wrong
+        entries.append(NewEntry(text=format_entry_text("Where the staircase is", f"Dungeon {i}",
+                                                       f"The staircase down (>) is {_relative(*says)} of the square where you start."),
+                                env=env, task=task, query=task, source=Source.MANUAL))
+    checker.close()
+    store.add_entries(entries, actor="test")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"""
+run: {{name: recurring, variant: complementary, max_steps: 2, eval_episodes: 2, checkpoint_every: 1, threads: 1, deterministic: true}}
+env: {{names: {{{env}: 1.0}}, max_turns: 3, task_set: 3}}
+actor: {{path: {models / 'policy'}, max_new_tokens: 4}}
+rollout: {{tasks_per_step: 2, group_size: 4, with_experience: 2}}
+extractor: {{model: {{path: {models / 'extractor'}, max_new_tokens: 24}}, buffer_size: 4, merge_every: 0}}
+library: {{manager: {{task_scope: true}}}}
+""")
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.run([sys.executable, "-m", "app.cli", "train", str(cfg), "--data-dir", str(data)], cwd=root,
+                       env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout + p.stderr
+    run = store.list_runs()[0]
+    m = store.latest_metrics(run["id"])
+    assert m["retrieval/same_task_rate"] == 1.0  # every dungeon has its own entry, and task_scope finds it
+    assert m["library/entry_correct_share"] == pytest.approx(2 / 3)  # the random extractor wrote nothing that parses
+    for key in ("eval/success_with_exp", "eval/success_without_exp", "eval/success_unseen_with_exp",
+                "eval/success_unseen_without_exp", "eval/actions_unseen_with_exp"):
+        assert key in m, key
+    tasks = {t["task"] for t in store.list_trajectories(run_id=run["id"])}
+    assert {task_id_of(t) for t in tasks} <= {0, 1, 2, 3, 4}  # training and seen evaluation 0-2; unseen 3-4
+    store.close()
