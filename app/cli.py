@@ -316,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--resume", type=int, metavar="RUN_ID", help="continue a run from its latest checkpoint")
     tr.add_argument("--fork", type=int, metavar="RUN_ID", help="start a new run from another run's latest checkpoint")
     tr.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
-                    help="override one config field (YAML value), e.g. --set run.seed=3 --set run.variant=grpo")
+                    help="override one config field (YAML value), e.g. --set run.seed=3 --set rollout.group_size=4")
     tr.add_argument("--run-id", type=int, help=argparse.SUPPRESS)  # the workbench creates the row, then starts us
     tr.set_defaults(func=cmd_train)
 

@@ -276,8 +276,11 @@ def build_plan(configs: list[Path], variants: list[str], seeds: list[int], ablat
 
 
 def run_sets(item: dict, steps: int, eval_episodes: int, model_sets: list[str], user_sets: list[str]) -> list[str]:
+    # grpo shows no experience: said explicitly and last, since the configs (and --quick) set K/2, which a
+    # grpo config refuses rather than silently ignores
+    no_exp = ["rollout.with_experience=0"] if item["variant"] == "grpo" else []
     return [f"run.variant={item['variant']}", f"run.seed={item['seed']}", f"run.max_steps={steps}",
-            f"run.eval_episodes={eval_episodes}", "run.checkpoint_every=1000", *model_sets, *user_sets, *item["extra"]]
+            f"run.eval_episodes={eval_episodes}", "run.checkpoint_every=1000", *model_sets, *user_sets, *item["extra"], *no_exp]
 
 
 def measured_costs(results_dir: Path) -> dict:

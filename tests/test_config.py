@@ -99,3 +99,27 @@ def test_a_retired_field_in_an_old_run_config_is_dropped_with_a_warning():
     assert cfg.library.merge.chunk_size == 4
     with pytest.raises(ConfigError, match="library.merge.every_actor_update"):
         load_run_config("library: {merge: {every_actor_update: 5}}\n")
+
+
+def test_a_config_never_silently_means_something_else():
+    """Fields that would be ignored or rewritten are refused with the fix named; unset with_experience
+    resolves to K/2 for the experience variants and 0 for grpo."""
+    from trainers.config import CONFIG_DIR
+
+    assert load_run_config("run: {variant: grpo}\n").rollout.with_experience == 0
+    assert load_run_config("run: {variant: complementary}\nrollout: {group_size: 6}\n").rollout.with_experience == 3
+    assert load_run_config("run: {variant: static}\nrollout: {with_experience: 8}\n").rollout.with_experience == 8
+    with pytest.raises(ConfigError, match=r"grpo .* rollout.with_experience is 4; set rollout.with_experience: 0"):
+        load_run_config("run: {variant: grpo}\nrollout: {with_experience: 4}\n")
+    for text, field in [("actor: {backend: openai}\n", "actor.backend: openai"),
+                        ("extractor: {model: {backend: openai}}\n", "extractor.model.backend: openai"),
+                        ("actor: {base_url: 'http://127.0.0.1:8000/v1'}\n", "actor.base_url"),
+                        ("extractor: {model: {base_url: 'http://127.0.0.1:8000/v1'}}\n", "extractor.model.base_url")]:
+        with pytest.raises(ConfigError, match=field):
+            load_run_config(text)
+    # every shipped config loads, and runs as plain GRPO once with_experience is 0
+    for path in sorted(CONFIG_DIR.glob("*.yaml")):
+        cfg = load_run_config(path)
+        assert 0 <= cfg.rollout.with_experience <= cfg.rollout.group_size
+        grpo = load_run_config(path, overrides={"run": {"variant": "grpo"}, "rollout": {"with_experience": 0}})
+        assert grpo.rollout.with_experience == 0 and not grpo.uses_experience

@@ -35,7 +35,7 @@ run: {{name: test-{variant}, variant: {variant}, max_steps: {steps}, eval_episod
       deterministic: {str(deterministic).lower()}}}
 env: {{names: {{minihack/Room-5x5: 1.0}}, max_turns: 3}}
 actor: {{path: {models / 'policy'}, max_new_tokens: 4}}
-rollout: {{tasks_per_step: 1, group_size: 4, with_experience: 2}}
+rollout: {{tasks_per_step: 1, group_size: 4, with_experience: {0 if variant == "grpo" else 2}}}
 extractor: {{model: {{path: {models / 'extractor'}, max_new_tokens: 24}}, buffer_size: 4, merge_every: 2}}
 {extra}
 """)

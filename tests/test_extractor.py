@@ -234,3 +234,32 @@ def test_a_bad_answer_costs_only_itself_in_a_distillation_batch(loop, store):
     assert "usable JSON" in parsed[1].error and "nested too deeply" in parsed[3].error
     assert loop.counters["distilled"] == 5 and loop.counters["parse_failures"] == 2 and loop.counters["adds"] == 3
     assert store.count() == before + 3
+
+
+def test_the_extractor_reads_lora_weight_decay_and_lr_warmup(tmp_path, store, embedder):
+    """extractor.model.{lora, weight_decay, lr_warmup} act as the actor's do: adapters only, AdamW decay,
+    and a linear warm-up (lr 1e-3 over 4 updates: 2.5e-4 at the first, 5e-4 at the second)."""
+    from trainers.config import load_run_config
+    from trainers.extractor import ExperienceLoop
+    from trainers.models import build_tiny_qwen2, build_tokenizer, save_model_folder
+    from trainers import prompts as P
+
+    tok = build_tokenizer([P.EXTRACTOR_USER, MEM] * 20, vocab_size=400)
+    save_model_folder(build_tiny_qwen2(tok, hidden=32, layers=1, heads=2, kv_heads=1), tok, tmp_path / "extractor")
+    cfg = load_run_config({"run": {"variant": "complementary", "threads": 1},
+                           "extractor": {"model": {"path": str(tmp_path / "extractor"), "max_new_tokens": 8, "lr": 1e-3,
+                                                   "lora": True, "weight_decay": 0.1, "lr_warmup": 4}}})
+    mgr = ExperienceManager(store, embedder, ManagerConfig(random_demote=False), IndexConfig(use_gpu="never"))
+    lp = ExperienceLoop(cfg, store, mgr, data_dir=tmp_path, run_id=store.create_run("t"))
+    try:
+        assert lp.backend.lora is not None
+        names = [n for n, p in lp.backend.model.named_parameters() if p.requires_grad]
+        assert names and all("lora_" in n for n in names)  # the base stays frozen
+        assert all(g["weight_decay"] == 0.1 for g in lp.optimizer.param_groups)
+        a, g = _entry_with_generation(lp, MEM, "task a")
+        batch = [Sample(a, list(g.prompt_ids), list(g.response_ids), list(g.response_logprobs), r) for r in (1.0, -1.0)]
+        assert lp.update(batch, step=1)["extractor/lr"] == pytest.approx(2.5e-4)
+        assert lp.update(batch, step=2)["extractor/lr"] == pytest.approx(5e-4)
+    finally:
+        lp.close()
+        mgr.close()

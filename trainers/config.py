@@ -66,9 +66,9 @@ class EnvSection:
 @dataclass
 class ModelSection:
     path: str = "embedded:policy"  # a Hugging Face model folder, or embedded:policy / embedded:extractor
-    backend: str = "auto"  # auto | hf | vllm | openai
+    backend: str = "auto"  # auto | hf | vllm | openai (openai: not wired into runs yet, refused by RunConfig)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    base_url: str = ""  # for backend openai: the endpoint
+    base_url: str = ""  # for backend openai: the endpoint (read by nothing until openai is wired; refused when set)
     lr: float = 2e-5  # AdamW learning rate (constant after the warm-up)
     # Linear learning-rate warm-up over the first N optimiser steps. Adam's first step moves every weight
     # by the full lr: measured on the embedded policy, one step at 3e-4 took the KL to the sampling policy to 1.7.
@@ -94,7 +94,9 @@ class ModelSection:
 class RolloutSection:
     tasks_per_step: int = 4  # distinct tasks (groups) per training step
     group_size: int = 8  # K rollouts per task
-    with_experience: int = 4  # of the K, how many get retrieved experience (K/2 in the paper; 0 = plain GRPO)
+    # Of the K, how many get retrieved experience (0 = plain GRPO). Unset: K/2 (the paper) for the experience
+    # variants, 0 for variant grpo; grpo with a value > 0 is refused, never silently changed.
+    with_experience: int | None = None
     history_turns: int = 2  # past (observation, action) pairs in the prompt
     history_chars: int = 1200  # and at most this many characters of them
     search_and_ask: int = 0  # max search-and-ask calls per episode (paper: 2; 0 = tool off)
@@ -103,7 +105,7 @@ class RolloutSection:
     def __post_init__(self) -> None:
         if self.tasks_per_step < 1 or self.group_size < 1:
             raise ConfigError("rollout.tasks_per_step and rollout.group_size must be >= 1")
-        if not 0 <= self.with_experience <= self.group_size:
+        if self.with_experience is not None and not 0 <= self.with_experience <= self.group_size:
             raise ConfigError("rollout.with_experience must be within [0, rollout.group_size]")
 
 
@@ -165,9 +167,19 @@ class RunConfig:
     library: LibraryConfig = field(default_factory=LibraryConfig)
 
     def __post_init__(self) -> None:
-        if self.run.variant == "grpo" and self.rollout.with_experience:
-            # Plain GRPO never shows experience; make the config say so rather than silently ignoring it.
-            self.rollout.with_experience = 0
+        # A config never silently means something else: what would be ignored or changed is refused.
+        if self.rollout.with_experience is None:
+            self.rollout.with_experience = 0 if self.run.variant == "grpo" else self.rollout.group_size // 2
+        elif self.run.variant == "grpo" and self.rollout.with_experience > 0:
+            raise ConfigError(f"run.variant grpo shows no experience, but rollout.with_experience is {self.rollout.with_experience}; "
+                              "set rollout.with_experience: 0 (or leave it unset)")
+        for role, m in (("actor", self.actor), ("extractor.model", self.extractor.model)):
+            if m.backend == "openai":
+                raise ConfigError(f"{role}.backend: openai is not wired into runs yet (nothing would call the endpoint); "
+                                  "use auto, hf or vllm")
+            if m.base_url:
+                raise ConfigError(f"{role}.base_url is read by nothing yet (it belongs to backend: openai, not wired into runs); "
+                                  "remove it")
 
     @property
     def uses_experience(self) -> bool:

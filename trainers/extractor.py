@@ -32,6 +32,7 @@ from core.merge import MergeReport, merge_walks, similarity_order, split_walks
 from core.store import ExperienceStore
 from core.types import Experience, Generation, Operation, Source
 from trainers import prompts as P
+from trainers.actor_step import warmed_lr
 from trainers.models import pad_right
 from trainers.parsing import Parsed, parse_extraction, parse_merge, parse_merge_answer, parse_rewrite
 from trainers.rollout import Episode
@@ -55,7 +56,7 @@ class ExperienceLoop:
     def __init__(self, cfg, store: ExperienceStore, manager: ExperienceManager, *, data_dir: Path, run_id: int,
                  checkpoint: Path | None = None):
         from trainers.config import resolve_model_path
-        from trainers.models import HFBackend
+        from trainers.models import HFBackend, LoraSettings
 
         self.cfg = cfg
         self.xc = cfg.extractor
@@ -65,14 +66,17 @@ class ExperienceLoop:
         self.templates = P.load_templates(self.xc.templates_file or None)
         path = str(checkpoint / "extractor") if checkpoint is not None and (checkpoint / "extractor").exists() \
             else resolve_model_path(self.xc.model.path, data_dir)
-        self.backend = HFBackend(path, device=self.xc.model.device, num_threads=cfg.run.threads or None)  # the learner
+        # the learner; LoRA, weight decay and the warm-up are read as for the actor (trainers/cotrain.py)
+        self.backend = HFBackend(path, device=self.xc.model.device, lora=LoraSettings() if self.xc.model.lora else None,
+                                 num_threads=cfg.run.threads or None)
         self.infer = self.backend  # what generates; vLLM when configured, synced after every update
         if self.xc.model.backend == "vllm":
             from trainers.models import load_backend
 
             self.infer = load_backend("vllm", path)
         self.trains = cfg.trains_extractor
-        self.optimizer = torch.optim.AdamW(self.backend.trainable_parameters(), lr=self.xc.model.lr) if self.trains else None
+        self.optimizer = torch.optim.AdamW(self.backend.trainable_parameters(), lr=self.xc.model.lr,
+                                           weight_decay=self.xc.model.weight_decay) if self.trains else None
         self.updates = 0  # extractor updates so far: the clock of Eq. 7's cooldown
         self.buffer: list[Sample] = []
         self.counters = {"parse_failures": 0, "distilled": 0, "adds": 0, "updates_ops": 0, "refused_ops": 0, "dropped": 0,
@@ -263,6 +267,7 @@ class ExperienceLoop:
         n_tok = float(mask.sum())
         total = 0.0
         logps = []
+        lr = warmed_lr(self.optimizer, self.xc.model.lr, self.xc.model.lr_warmup)
         with self.backend.lock:
             model.train()
             self.optimizer.zero_grad(set_to_none=True)
@@ -290,6 +295,7 @@ class ExperienceLoop:
             "extractor/loss": total, "extractor/reward_mean": float(rewards.mean()), "extractor/grad_norm": float(grad_norm),
             "extractor/weight_mean": float(w.mean()), "extractor/weight_zero_frac": float((w == 0).float().mean()),
             "extractor/clip_frac": sum(x["clip_frac"] for x in st) / len(st), "extractor/updates": float(self.updates),
+            "extractor/lr": lr,
         }
         return self.last_update
 
