@@ -947,7 +947,10 @@ class Workbench:
         return arm
 
     def create_ab_test(self, name: str, env: str, seeds: str, checkpoint: str, max_turns: Any,
-                       a_kind: str, a_arg: str, a_file: str | None, b_kind: str, b_arg: str, b_file: str | None) -> tuple[str, int | None]:
+                       a_kind: str, a_arg: str, a_file: str | None, b_kind: str, b_arg: str, b_file: str | None,
+                       task_ids: bool = False) -> tuple[str, int | None]:
+        """`task_ids`: the seeds are recurring task ids ("Dungeon 3: ..."), as runs with env.task_set name them,
+        so a library written by such a run is retrieved for its own tasks."""
         from envs.registry import list_envs
 
         try:
@@ -975,7 +978,7 @@ class Workbench:
         ok, why = trainer_available()
         if not ok:
             return _err(f"cannot run the evaluation: {why}"), None
-        config = {"env": env, "seeds": seed_list, "checkpoint": ckpt, "max_turns": mt, "arms": arms}
+        config = {"env": env, "seeds": seed_list, "checkpoint": ckpt, "max_turns": mt, "arms": arms, "task_ids": bool(task_ids)}
         ab_id = self.store.create_ab_test(name.strip(), config)
         launched = self._spawn("ab", ["eval", "--ab-test", str(ab_id)], f"ab-{ab_id}.log", ab_id=ab_id)
         # The brief's place for the log: <data-dir>/ab/<id>.log (a link to the file being written).

@@ -16,6 +16,9 @@ from app import views
 from app.service import ARM_KINDS, Workbench
 from core.store import SORTABLE
 
+# The A/B tab's default: the default run's recurring dark rooms, where a library holds each dungeon's lessons.
+AB_ENV = "minihack/Room-Ultimate-5x5"
+
 CURVE_REFRESH_S = 1.0
 TABLE_REFRESH_S = 2.0
 PLAY_INTERVAL_S = 0.4
@@ -233,8 +236,10 @@ def build(wb: Workbench) -> gr.Blocks:
             with gr.Tab("A/B tests", id="ab", elem_id="tab-ab"):
                 with gr.Row():
                     ab_name = gr.Textbox(label="name", elem_id="ab-name")
-                    ab_env = gr.Dropdown(choices=envs, value="minihack/Room-5x5" if "minihack/Room-5x5" in envs else None, label="env", elem_id="ab-env")
-                    ab_seeds = gr.Textbox(label="task seeds (held out)", value="1000-1019", elem_id="ab-seeds")
+                    ab_env = gr.Dropdown(choices=envs, value=AB_ENV if AB_ENV in envs else None, label="env", elem_id="ab-env")
+                    ab_seeds = gr.Textbox(label="task ids (or seeds)", value="0-31", elem_id="ab-seeds")
+                    ab_task_ids = gr.Checkbox(label="recurring task ids (Dungeon N, as the default run names them); off: env seeds",
+                                              value=True, elem_id="ab-task-ids")
                     ab_ckpt = gr.Textbox(label="policy checkpoint folder (empty: default policy)", elem_id="ab-ckpt")
                     ab_turns = gr.Number(label="max turns (empty: env's)", precision=0, elem_id="ab-turns")
                 with gr.Row():
@@ -385,7 +390,7 @@ def build(wb: Workbench) -> gr.Blocks:
 
         # A/B tests
         ab_create.click(lambda *a: wb.create_ab_test(*a),
-                        inputs=[ab_name, ab_env, ab_seeds, ab_ckpt, ab_turns, a_kind, a_arg, a_file, b_kind, b_arg, b_file],
+                        inputs=[ab_name, ab_env, ab_seeds, ab_ckpt, ab_turns, a_kind, a_arg, a_file, b_kind, b_arg, b_file, ab_task_ids],
                         outputs=[ab_msg, ab_id])
         ab_details_out = [ab_summary, ab_progress, ab_results, ab_tasks, ab_eps]
         ab_open.click(lambda i: wb.ab_details(i), inputs=ab_id, outputs=ab_details_out)

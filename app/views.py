@@ -51,13 +51,22 @@ PANELS: tuple[Panel, ...] = (
                                                          CurveKey("eval/success_with_exp", "greedy, with exp"),
                                                          CurveKey("eval/success_without_exp_sampled", "sampled, without exp", "dot"),
                                                          CurveKey("eval/success_with_exp_sampled", "sampled, with exp", "dashdot"))),
-    Panel("extractor", "Extractor reward and loss", (CurveKey("extractor/reward_mean", "reward"),
-                                                     CurveKey("extractor/loss", "loss", "dot", axis=2)), "loss"),
+    # Recurring task sets (env.task_set): the held-out panel above plays the seen tasks, this one tasks never trained on.
+    Panel("unseen", "Unseen tasks (evaluations)", (CurveKey("eval/success_unseen_without_exp", "greedy, without exp", "dash"),
+                                                   CurveKey("eval/success_unseen_with_exp", "greedy, with exp"))),
+    # Beside the extractor's reward, whether its lessons are true (envs/entry_check.py; recurring MiniHack tasks).
+    Panel("extractor", "Extractor reward, loss and entry correctness", (
+        CurveKey("extractor/reward_mean", "reward"),
+        CurveKey("library/entry_correct_share", "library entries right", "dashdot"),
+        CurveKey("extractor/new_entry_correct_share", "new entries right", "dash"),
+        CurveKey("extractor/loss", "loss", "dot", axis=2)), "loss"),
     Panel("library", "Library size and churn", (CurveKey("library/size", "size"),
                                                 CurveKey("library/adds", "adds", "dash", axis=2),
                                                 CurveKey("library/merges", "merges", "dot", axis=2)), "adds / merges"),
     Panel("latency", "Retrieval latency (ms)", (CurveKey("retrieval/latency_p50_ms", "p50"),
                                                 CurveKey("retrieval/latency_p99_ms", "p99", "dash"))),
+    Panel("retrieval", "Retrieval: hits and same-task rate", (CurveKey("retrieval/hit_rate", "hit rate"),
+                                                              CurveKey("retrieval/same_task_rate", "entry of the episode's own task", "dash"))),
     Panel("search", "Search-and-ask calls", (CurveKey("search_and_ask/calls", "calls"),)),
 )
 CURVE_KEYS: tuple[str, ...] = tuple(k.key for p in PANELS for k in p.keys)

@@ -72,13 +72,12 @@ def expert_state_agreement(backend: Any, cfg: Any, env_name: str, seeds: list[in
     high one with a low rollout agreement means its own mistakes lead it to states it never saw."""
     import random
 
-    from envs.registry import make_env
     from trainers import prompts as P
     from trainers import warmstart as W
 
-    env = make_env(env_name)
+    env = W._make_env(cfg, env_name)
     try:
-        teacher, rng = W._Teacher(env), random.Random(f"probe/{condition}")
+        teacher, rng = W._Teacher(env, task_ids=cfg.task_ids), random.Random(f"probe/{condition}")
         demos = [W._play_expert(teacher, env_name, s, condition, 0.0, rng, "expert") for s in seeds]
     finally:
         env.close()
@@ -170,7 +169,10 @@ def main(argv: list[str] | None = None) -> int:
         budget = W.action_token_budget(backend.tokenizer, W.collect_demos(dataclasses.replace(cfg, demo_episodes=8, noisy_share=0.0)), cfg)
         sources[name] = {"folder": str(folder), "prompt_settings": source, "history_turns": cfg.history_turns,
                          "history_chars": cfg.history_chars, "max_new_tokens": budget}
-        specs = [(args.env, W._eval_seed(0, i), c) for c in CONDITIONS for i in range(args.episodes)]
+        # A policy built on task ids plays recurring tasks 0..episodes-1: the default config's seen (and unseen) dungeons,
+        # never a demonstrated one (those are 1000 on); otherwise held-out seeds.
+        tasks = list(range(args.episodes)) if cfg.task_ids else [W._eval_seed(0, i) for i in range(args.episodes)]
+        specs = [(args.env, t, c) for c in CONDITIONS for t in tasks]
         for mode in modes:
             t0 = time.time()
             demos = W._rollouts(backend, cfg, specs, temperature=0.0 if mode == "greedy" else 1.0, seed=args.seed,
@@ -190,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         base = next(b for b in rows if (b["policy"], b["mode"], b["condition"]) == (r["policy"], r["mode"], "none"))
         r["diff_vs_none"], r["p_vs_none"] = two_proportion_test(r["successes"], r["n"], base["successes"], base["n"])
 
-    lines = [f"{args.episodes} held-out seeds of {args.env} per condition, the same seeds in every row; an episode "
+    lines = [f"{args.episodes} held-out seeds (or, for a policy built on task ids, recurring tasks 0..{args.episodes - 1}: "
+             f"the default config's dungeons, never demonstrated) of {args.env} per condition, the same in every row; an episode "
              f"still running after {args.max_turns} actions fails. Sampled at temperature 1 with sampling seed {args.seed}. "
              "Invalid: share of actions the env refused. Agreement: share of the policy's actions equal to the "
              "scripted expert's for that condition in the same state (it follows a correct entry and ignores a wrong "

@@ -46,11 +46,14 @@ ABLATIONS = {
     "no_reweighting": ["extractor.reweight=false"],
 }
 KEYS = ("success_with_exp", "success_without_exp", "actions_with_exp", "actions_without_exp",
-        "success_with_exp_sampled", "success_without_exp_sampled")
+        "success_with_exp_sampled", "success_without_exp_sampled",
+        # recurring task sets (env.task_set): the same conditions on tasks never trained on
+        "success_unseen_with_exp", "success_unseen_without_exp", "actions_unseen_with_exp", "actions_unseen_without_exp")
 VARIANTS = ("grpo", "static", "exp_only", "complementary")  # METHOD.md "Baselines"
 CURVES = ("policy/success_with_exp", "policy/success_without_exp", "policy/reward_with_exp", "policy/reward_without_exp",
           "policy/actions_with_exp", "policy/actions_without_exp", "policy/entropy", "policy/frac_nonzero_adv",
-          "extractor/reward_mean", "extractor/updates", "library/size")  # plus every eval/* key
+          "extractor/reward_mean", "extractor/updates", "library/size",
+          "library/entry_correct_share", "extractor/new_entry_correct_share", "retrieval/same_task_rate")  # plus every eval/* key
 FULL_CONFIGS = ("configs/minihack_room_cpu.yaml", "configs/alfworld_cpu.yaml")  # the issue's two environments
 FULL_MULTITASK = "configs/multitask_cpu.yaml"  # one complementary run over MiniHack + ALFWorld + WebShop
 QUICK_SETS = ["rollout.tasks_per_step=1", "rollout.group_size=4", "rollout.with_experience=2", "env.max_turns=6",
@@ -191,11 +194,13 @@ def run_one(name: str, config: Path, sets: list[str], data: Path, log: Path, tim
         last = max(s for _, _, s, _, _ in rows)
         pick = lambda step: {k.removeprefix("eval/"): v for _, k, s, v, _ in rows if s == step}  # noqa: E731
         lib = store.latest_metrics(run["id"])
+        correct = [v for _, _, _, v, _ in store.metrics_since(run["id"], ["library/entry_correct_share"])]
         curves = read_curves(store, run["id"])
     finally:
         store.close()
     return {"name": name, "start": pick(first), "end": pick(last), "steps": run["step"], "seconds": time.time() - t0,
             "eval_n": eval_n(run, eval_episodes), "library_size": lib.get("library/size"),
+            "entry_correct_end": correct[-1] if correct else None, "entry_correct_first": correct[0] if correct else None,
             "extractor_updates": lib.get("extractor/updates"), "merges": lib.get("library/merges"),
             "command": cmd, "curves": curves, **({"continued_from_step": prior[1]} if prior is not None else {})}
 
@@ -237,8 +242,9 @@ def table(results: list[dict], args: argparse.Namespace, commit: str) -> str:
              f"Study written at commit {commit}; the commit column is the one each run was made with.", "",
              "| variant | seeds | success without exp (start → end) | without, end pooled [95% CI] | success with exp (start → end) "
              "| with, end pooled [95% CI] | sampled without (start → end) | sampled with (start → end) "
-             "| actions without (start → end) | actions with (start → end) | library | extractor updates | hours per run | commit |",
-             "|---|---:|---|---|---|---|---|---|---|---|---:|---:|---:|---|"]
+             "| actions without (start → end) | actions with (start → end) | unseen without (start → end) | unseen with (start → end) "
+             "| library entries right (first → end) | library | extractor updates | hours per run | commit |",
+             "|---|---:|---|---|---|---|---|---|---|---|---|---|---|---:|---:|---:|---|"]
     for lab in labels:
         rs = [r for r in results if r["label"] == lab]
         col = lambda when, k: [r[when].get(k) for r in rs]  # noqa: E731
@@ -252,12 +258,15 @@ def table(results: list[dict], args: argparse.Namespace, commit: str) -> str:
             f"{mean_sd(col('start', 'success_with_exp_sampled'))} → {mean_sd(col('end', 'success_with_exp_sampled'))} | "
             f"{mean_of(col('start', 'actions_without_exp'))} → {mean_of(col('end', 'actions_without_exp'))} | "
             f"{mean_of(col('start', 'actions_with_exp'))} → {mean_of(col('end', 'actions_with_exp'))} | "
+            f"{mean_sd(col('start', 'success_unseen_without_exp'))} → {mean_sd(col('end', 'success_unseen_without_exp'))} | "
+            f"{mean_sd(col('start', 'success_unseen_with_exp'))} → {mean_sd(col('end', 'success_unseen_with_exp'))} | "
+            f"{mean_sd([r.get('entry_correct_first') for r in rs])} → {mean_sd([r.get('entry_correct_end') for r in rs])} | "
             f"{mean_sd([r.get('library_size') for r in rs])} | {mean_sd([r.get('extractor_updates') for r in rs])} | "
             f"{mean_of([r['seconds'] / 3600 if r.get('seconds') else None for r in rs])} | {commits} |")
     return "\n".join(lines)
 
 
-def build_plan(configs: list[Path], variants: list[str], seeds: list[int], ablations: bool, ablation_seeds: list[int],
+def build_plan(configs: list[Path], variants: list[str], seeds: list[int], ablations: bool | list[str], ablation_seeds: list[int],
                multitask: Path | None) -> list[dict]:
     """Every run of the study, in order: variants × seeds on each config, then (on the first config) the
     ablations, then the multi-task run. Labels on the first config are the variant names; other configs'
@@ -268,7 +277,7 @@ def build_plan(configs: list[Path], variants: list[str], seeds: list[int], ablat
         plan += [{"config": config, "label": f"{prefix}{v}", "variant": v, "seed": s, "extra": []} for v in variants for s in seeds]
     if ablations:
         plan += [{"config": configs[0], "label": f"complementary-{a}", "variant": "complementary", "seed": s, "extra": list(extra)}
-                 for a, extra in ABLATIONS.items() for s in ablation_seeds]
+                 for a, extra in ABLATIONS.items() if ablations is True or a in ablations for s in ablation_seeds]
     if multitask is not None:
         plan.append({"config": multitask, "label": f"{multitask.stem}-complementary", "variant": "complementary",
                      "seed": seeds[0], "extra": []})
@@ -391,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default=None, help="comma-separated (default 0,1,2)")
     ap.add_argument("--steps", type=int, default=None, help="steps per run (default 30; 2 with --quick)")
     ap.add_argument("--eval-episodes", type=int, default=32)
-    ap.add_argument("--ablations", action="store_true", help="also run complementary with each ablation switch")
+    ap.add_argument("--ablations", nargs="?", const=True, default=False,
+                    help=f"also run complementary with each ablation switch, or with those named (comma-separated, of {','.join(ABLATIONS)})")
     ap.add_argument("--ablation-seeds", default="0", help="seeds of the ablation runs (fewer than --seeds is usual)")
     ap.add_argument("--set", action="append", default=[], help="extra config overrides for every run")
     ap.add_argument("--out", default="", help="results name (default study or study_quick)")
@@ -431,6 +441,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: --jobs {args.jobs} on {os.cpu_count()} cores: runs will share cores and each take longer than "
               "the estimate", file=sys.stderr, flush=True)
     ablation_seeds = [int(x) for x in args.ablation_seeds.split(",")]
+    if isinstance(args.ablations, str):
+        args.ablations = [a.strip() for a in args.ablations.split(",") if a.strip()]
+        bad = [a for a in args.ablations if a not in ABLATIONS]
+        if bad:
+            ap.error(f"unknown ablation(s) {bad}; choose from {', '.join(ABLATIONS)}")
     name = args.out or ("study_quick" if args.quick else "study")
     results_dir = Path(args.results_dir).resolve()
     configs = [Path(c.strip()).resolve() for c in args.config.split(",") if c.strip()]

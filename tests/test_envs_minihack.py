@@ -72,7 +72,9 @@ def test_reaching_the_stairs_is_success(envs):
     assert terminated and not truncated and info["success"] is True and reward == 1.0
     # NetHack's screen is blank once the game is over: the last real view is shown instead.
     assert "\0" not in obs and "....>" in obs and "HP 12/12" in obs
-    assert obs.endswith("You reached the goal: the task is complete.")
+    # the debrief: where the staircase was from the start (what a lesson about this level would say)
+    assert obs.endswith("You reached the goal: the task is complete. Debrief: the staircase down (>) was 4 south and "
+                        "4 east of your starting square (from the start, head southeast).")
 
 
 def test_turn_limit_truncates_as_failure():
@@ -83,7 +85,8 @@ def test_turn_limit_truncates_as_failure():
         for turn in range(1, 4):
             obs, _, terminated, truncated, info = env.step("north")
         assert truncated and not terminated and info["success"] is False
-        assert obs.endswith("Out of turns: the episode is over.")
+        assert obs.endswith("Out of turns: the episode is over. Debrief: the staircase down (>) was 4 south and 4 east "
+                            "of your starting square (from the start, head southeast).")  # lit: seen from the start
         with pytest.raises(RuntimeError):
             env.step("north")
     finally:

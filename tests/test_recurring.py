@@ -209,3 +209,11 @@ library: {{manager: {{task_scope: true}}}}
     tasks = {t["task"] for t in store.list_trajectories(run_id=run["id"])}
     assert {task_id_of(t) for t in tasks} <= {0, 1, 2, 3, 4}  # training and seen evaluation 0-2; unseen 3-4
     store.close()
+
+
+def test_ab_config_takes_recurring_task_ids():
+    from trainers.evaluate import validate_ab_config
+
+    c = {"env": ENV, "seeds": [0, 1], "arms": {"A": {"kind": "current"}, "B": {"kind": "none"}}, "task_ids": True}
+    assert validate_ab_config(c) == ""
+    assert "task_ids" in validate_ab_config({**c, "task_ids": "yes"})

@@ -53,11 +53,18 @@ class EnvSection:
     max_turns: int = 0  # turn limit per episode (0 = the env's own)
     train_seeds: int = 100_000  # task seeds for training are drawn from [0, train_seeds)
     eval_seed_offset: int = 1_000_000  # held-out seeds start here (never seen in training)
+    # > 0: a finite set of recurring training tasks per env, ids 0..task_set-1, each one fixed instance (its seed a
+    # hash of env and id) whose id is in the task text the actor sees and retrieval is keyed by ("Dungeon 17: ...").
+    # Evaluation then reports seen tasks (eval/success_*) and unseen ids task_set.. (eval/unseen_success_*).
+    # 0: every episode a fresh random seed from [0, train_seeds) (the task text names no instance).
+    task_set: int = 0
     options: dict[str, Any] = field(default_factory=dict)  # passed to make_env for every env
 
     def __post_init__(self) -> None:
         if not self.names:
             raise ConfigError("env.names must name at least one env, e.g. {minihack/Room-5x5: 1.0}")
+        if self.task_set < 0:
+            raise ConfigError("env.task_set must be >= 0 (0 = a random seed every episode)")
         for n, w in self.names.items():
             if not isinstance(w, (int, float)) or w <= 0:
                 raise ConfigError(f"env.names[{n!r}] must be a positive weight")

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from envs.base import task_seed
 from envs.pool import EnvPool, TaskMixture
 from envs.registry import make_env
 from trainers.actor_step import actor_update
@@ -61,11 +62,23 @@ def make_specs(cfg: RunConfig, mixture: TaskMixture, rng: random.Random, step: i
     k = cfg.rollout.group_size
     n_exp = cfg.rollout.with_experience if with_exp is None else with_exp
     specs = []
+    drawn: dict[str, set[int]] = {}  # task-set ids already drawn this step, per env
     for t in range(cfg.rollout.tasks_per_step):
         env = mixture.sample()
-        seed = rng.randrange(cfg.env.train_seeds)
+        task_id = None
+        if cfg.env.task_set:
+            # Distinct tasks within a step while the set has any left; the set recurs across steps.
+            used = drawn.setdefault(env, set())
+            left = cfg.env.task_set - len(used)
+            task_id = rng.randrange(cfg.env.task_set)
+            while left > 0 and task_id in used:
+                task_id = rng.randrange(cfg.env.task_set)
+            used.add(task_id)
+            seed = task_seed(env, task_id)
+        else:
+            seed = rng.randrange(cfg.env.train_seeds)
         gid = step * cfg.rollout.tasks_per_step + t
-        specs += [EpisodeSpec(env, seed, i < n_exp, gid) for i in range(k)]
+        specs += [EpisodeSpec(env, seed, i < n_exp, gid, task_id) for i in range(k)]
     return specs
 
 
@@ -121,6 +134,7 @@ def train(ctx: RunContext) -> None:
                     seed=cfg.run.seed)
     mixture = TaskMixture(cfg.env.names, seed=cfg.run.seed)
     rng = random.Random(cfg.run.seed)
+    audit = EntryAudit(cfg, ctx.store, ctx.run_id) if experience is not None and EntryAudit.applies(cfg) else None
 
     state = ctx.load_state()
     if state is not None:
@@ -189,6 +203,8 @@ def train(ctx: RunContext) -> None:
                 if cfg.extractor.merge_every and step % cfg.extractor.merge_every == 0 and not warm:
                     metrics.update(experience.merge(step))
                 metrics.update(experience.metrics())
+            if audit is not None:
+                metrics.update(audit.metrics())
             # -- log
             metrics["time/step_s"] = time.perf_counter() - t_step
             ctx.log(step, metrics)
@@ -215,8 +231,71 @@ def train(ctx: RunContext) -> None:
             experience.close()
         if manager is not None:
             manager.close()
+        if audit is not None:
+            audit.close()
         pool.close()
         ctx.finish(status, error)
+
+
+class EntryAudit:
+    """Are the library's lessons true? On recurring tasks of an env with a checker (envs/entry_check.py):
+
+    library/entry_correct_share         active entries of seen tasks whose claim is right, over all of them
+    extractor/new_entry_correct_share   the same over the entries this run wrote since the last step
+    library/entry_claim_share           active entries of seen tasks that state a checkable claim at all
+
+    The direct measure of whether CISPO teaches the extractor to write better lessons."""
+
+    def __init__(self, cfg: RunConfig, store, run_id: int | None):
+        from envs.entry_check import EntryChecker
+
+        self.cfg, self.store, self.run_id = cfg, store, run_id
+        self.envs = [e for e in cfg.env.names if EntryChecker.supports(e)]
+        self.checker = EntryChecker()
+        self.last_id = 0
+
+    @staticmethod
+    def applies(cfg: RunConfig) -> bool:
+        from envs.entry_check import EntryChecker
+
+        return bool(cfg.env.task_set) and any(EntryChecker.supports(e) for e in cfg.env.names)
+
+    def _seen(self, task: str) -> bool:
+        from envs.base import task_id_of
+
+        tid = task_id_of(task)
+        return tid is not None and tid < self.cfg.env.task_set
+
+    def metrics(self) -> dict[str, float]:
+        from envs.entry_check import correct_share
+
+        library, new = [], []
+        newest = self.last_id
+        for env in self.envs:
+            for e in self.store.list_entries(env=env, limit=10**6).entries:
+                if self._seen(e.task):
+                    library.append(self.checker.verdict(env, e.task, e.text))
+            recent = self.store.list_entries(env=env, status=None, sort="id", descending=True, limit=1000).entries
+            for e in recent:
+                if e.id <= self.last_id:
+                    break
+                newest = max(newest, e.id)
+                if e.run_id == self.run_id and e.source.value in ("extracted", "merged") and self._seen(e.task):
+                    new.append(self.checker.verdict(env, e.task, e.text))
+        self.last_id = newest
+        out: dict[str, float] = {}
+        share = correct_share(library)
+        if share is not None:
+            out["library/entry_correct_share"] = share
+            checkable = [v for v in library if v != "unknown"]
+            out["library/entry_claim_share"] = sum(v in ("right", "wrong") for v in checkable) / len(checkable)
+        share = correct_share(new)
+        if share is not None:
+            out["extractor/new_entry_correct_share"] = share
+        return out
+
+    def close(self) -> None:
+        self.checker.close()
 
 
 def _env_factory(name: str, cfg: RunConfig):
@@ -255,5 +334,5 @@ def evaluate_run(cfg: RunConfig, roller: Roller, router: SlotRouter, manager, st
 
     res = evaluate_policy(roller, router, list(cfg.env.names), n=cfg.run.eval_episodes, seed_offset=cfg.env.eval_seed_offset,
                           with_experience=(False, True) if manager is not None else (False,), step=step,
-                          sampled=cfg.run.eval_sampled)
+                          sampled=cfg.run.eval_sampled, task_set=cfg.env.task_set)
     return res.metrics()

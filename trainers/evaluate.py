@@ -24,6 +24,7 @@ from typing import Any, Sequence
 
 from core.metrics import two_proportion_test, wilson_interval
 from core.store import ExperienceStore, NewEntry
+from envs.base import task_seed
 from core.types import Source
 from trainers.rollout import Episode, EpisodeSpec, Roller, trajectory_record
 
@@ -92,23 +93,36 @@ def play(roller: Roller, router, specs: list[EpisodeSpec], *, step: int, retriev
     return out
 
 
+def task_sets(task_set: int, n: int) -> list[tuple[str, list[int] | None]]:
+    """What evaluation plays: [("", None)] = n held-out seeds; with a recurring task set (env.task_set = N)
+    [("", seen ids 0..min(n, N)-1), ("unseen_", ids N..N+n-1)], the second never drawn in training."""
+    if not task_set:
+        return [("", None)]
+    return [("", list(range(min(n, task_set)))), ("unseen_", list(range(task_set, task_set + n)))]
+
+
 def evaluate_policy(roller: Roller, router, envs: Sequence[str], *, n: int, seed_offset: int,
                     with_experience: Sequence[bool] = (False, True), step: int = 0, sampled: bool = False,
-                    greedy_decoding: bool = True) -> EvalResult:
+                    greedy_decoding: bool = True, task_set: int = 0) -> EvalResult:
     """Conditions `without_exp` / `with_exp` (greedy; skipped with `greedy_decoding=False`) and, with
     `sampled`, `without_exp_sampled` / `with_exp_sampled` (the rollout temperature; sampling seeded by
-    (run seed, step), so reproducible)."""
+    (run seed, step), so reproducible). With a recurring task set (`task_set` > 0) the conditions are
+    played on the seen tasks, and again, named `unseen_*`, on as many tasks never trained on."""
     modes = ([("", greedy(roller))] if greedy_decoding else []) + ([("_sampled", roller)] if sampled else [])
     res = EvalResult()
-    for suffix, r in modes:
-        for flag in with_experience:
-            name = ("with_exp" if flag else "without_exp") + suffix
-            specs = [EpisodeSpec(env, seed_offset + i, flag, -1 - i) for env in envs for i in range(n)]
-            eps = play(r, router, specs, step=step)
-            cond = res.conditions.setdefault(name, ConditionResult())
-            for e in eps:
-                cond.add(e)
-            res.episodes += eps
+    for prefix, ids in task_sets(task_set, n):
+        for suffix, r in modes:
+            for flag in with_experience:
+                name = prefix + ("with_exp" if flag else "without_exp") + suffix
+                if ids is None:
+                    specs = [EpisodeSpec(env, seed_offset + i, flag, -1 - i) for env in envs for i in range(n)]
+                else:
+                    specs = [EpisodeSpec(env, task_seed(env, t), flag, -1 - j, t) for env in envs for j, t in enumerate(ids)]
+                eps = play(r, router, specs, step=step)
+                cond = res.conditions.setdefault(name, ConditionResult())
+                for e in eps:
+                    cond.add(e)
+                res.episodes += eps
     return res
 
 
@@ -161,7 +175,7 @@ def run_eval(run_id: int, *, data_dir: str, db_url: str, episodes: int = 0, chec
     try:
         res = evaluate_policy(roller, router, list(cfg.env.names), n=n, seed_offset=cfg.env.eval_seed_offset,
                               with_experience=(False, True) if manager is not None else (False,), step=seed_step,
-                              sampled=cfg.run.eval_sampled)
+                              sampled=cfg.run.eval_sampled, task_set=cfg.env.task_set)
         res.step = step
         if step is not None:
             store.log_metrics(run_id, step, res.metrics())
@@ -186,6 +200,8 @@ def validate_ab_config(c: dict[str, Any]) -> str:
     seeds = c.get("seeds")
     if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
         return "seeds must be a non-empty list of integers"
+    if not isinstance(c.get("task_ids", False), bool):
+        return "task_ids must be true (the seeds are recurring task ids) or false"
     arms = c.get("arms")
     if not isinstance(arms, dict) or set(arms) != {"A", "B"}:
         return "arms must be exactly A and B"
@@ -270,7 +286,11 @@ def run_ab_test(ab_id: int, *, data_dir: str, db_url: str) -> dict[str, Any]:
                     if roller is None:
                         roller, router, pool = _roller_for(cfg, policy, manager, min(len(seeds), 16))
                     roller.manager = manager
-                    specs = [EpisodeSpec(c["env"], s, manager is not None, -1 - j) for j, s in enumerate(seeds)]
+                    if c.get("task_ids"):  # recurring tasks: the instance of each id, its id in the task text
+                        specs = [EpisodeSpec(c["env"], task_seed(c["env"], s), manager is not None, -1 - j, s)
+                                 for j, s in enumerate(seeds)]
+                    else:
+                        specs = [EpisodeSpec(c["env"], s, manager is not None, -1 - j) for j, s in enumerate(seeds)]
                     eps = play(greedy(roller), router, specs, step=0)
                     cond = results.setdefault(name, ConditionResult())
                     for e in eps:

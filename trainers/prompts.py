@@ -164,9 +164,12 @@ def parse_critic_reply(text: str) -> float | None:
     return CRITIC_SCORES[m.group(1)] if m else None
 
 
-def trajectory_text(steps: Sequence[tuple[str, str]], *, max_chars: int = 3000) -> str:
-    """(observation, action) pairs as the extractor reads them; the middle is elided when too long."""
+def trajectory_text(steps: Sequence[tuple[str, str]], *, max_chars: int = 3000, final: str = "") -> str:
+    """(observation, action) pairs as the extractor reads them, then the observation after the last
+    action (`final`: how it ended); the middle is elided when too long, never the end."""
     parts = [f"[{i}] Observation: {o.strip()}\n[{i}] Action: {a}" for i, (o, a) in enumerate(steps)]
+    if final.strip():
+        parts.append(f"[{len(steps)}] Final observation: {final.strip()}")
     text = "\n".join(parts)
     if len(text) <= max_chars:
         return text

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from core.types import Step, Trajectory
-from envs.base import keeps_intro
+from envs.base import instance_task, keeps_intro
 from envs.pool import EnvPool, SlotResult
 from trainers import prompts as P
 
@@ -35,6 +35,7 @@ class EpisodeSpec:
     seed: int
     with_experience: bool
     group_id: int
+    task_id: int | None = None  # a recurring task's instance id (env.task_set): named in the task text
 
 
 @dataclass
@@ -128,14 +129,21 @@ class Roller:
         lives = [self._start(i, s, r) for (i, s), r in zip(pairs, starts)]
         # Retrieval at episode start (METHOD.md step 1): one call, batched by the manager.
         t_ret = 0.0
+        same_task: float | None = None
         want = [lv for lv in lives if lv.ep.spec.with_experience and not lv.done]
         if want and retrieval and self.manager is not None:
             t1 = time.perf_counter()
-            hits = self.manager.search_sync([lv.ep.traj.task for lv in want], task=[lv.ep.spec.env for lv in want])
+            hits = self.manager.search_sync([lv.ep.traj.task for lv in want], task=[lv.ep.spec.env for lv in want],
+                                            scope=[lv.ep.traj.task for lv in want])
             t_ret = time.perf_counter() - t1
             for lv, hs in zip(want, hits):
                 lv.ep.traj.experience_ids = [h.entry_id for h in hs]
                 lv.ep.traj.experience_text = "\n\n".join(h.text for h in hs)
+            # How often a retrieval returns an entry written for the episode's own task (on recurring tasks
+            # the entries that can be right; on random seeds every episode shares one task text).
+            found = [h.task == lv.ep.traj.task for lv, hs in zip(want, hits) for h in hs]
+            if found:
+                same_task = sum(found) / len(found)
             if self.rc.actor_critic:
                 self._critique(want, hits, step)
         tokens = replies = cut = 0
@@ -175,6 +183,8 @@ class Roller:
                       # replies that ran out of actor.max_new_tokens before an end token or newline: a share
                       # near 1 means the budget cuts actions short (ALFWorld's "take X from Y" needs 9+ tokens)
                       "rollout/cut_replies": cut / max(1, replies), **self.critic_stats}
+        if same_task is not None:
+            self.stats["retrieval/same_task_rate"] = same_task
         self.critic_stats = {}
         return [lv.ep for lv in lives]
 
@@ -208,7 +218,10 @@ class Roller:
                              "critic/latency_ms": (time.perf_counter() - t0) * 1000}
 
     def _start(self, slot: int, spec: EpisodeSpec, r: SlotResult) -> _Live:
-        traj = Trajectory(env=spec.env, task=r.task or "", seed=spec.seed, with_experience=spec.with_experience,
+        task = r.task or ""
+        if spec.task_id is not None:
+            task = instance_task(spec.env, spec.task_id, task)
+        traj = Trajectory(env=spec.env, task=task, seed=spec.seed, with_experience=spec.with_experience,
                           group_id=spec.group_id)
         ep = Episode(spec, traj)
         limit = min(r.max_turns, self.max_turns) if self.max_turns else r.max_turns
@@ -246,6 +259,7 @@ class Roller:
         if r.error:
             lv.ep.error = r.error
         if r.done:
+            lv.ep.traj.final_observation = r.obs
             lv.ep.traj.success = bool(r.info.get("success", False))
             self._finish(lv, truncated=r.truncated and not r.terminated)
 

@@ -28,7 +28,6 @@ import json
 import math
 import os
 import random
-import re
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -78,7 +77,14 @@ class WarmStartConfig:
 
     # Registered env names to learn. One env by default: with two, Room-Ultimate's long episodes made
     # 3/4 of the examples and the policy never learned Room-Random's heading (per-turn accuracy 0.13).
-    envs: list[str] = field(default_factory=lambda: ["minihack/Room-Random-5x5"])
+    # The default is the recurring dark room (env.task_set configs): there an entry holds what the actor cannot see
+    # (where the staircase is), so the demonstrations teach reading one (walk where it points) and writing one (the
+    # extractor copies the env's debrief). On the lit Room-Random-5x5 the observation names the heading itself.
+    envs: list[str] = field(default_factory=lambda: ["minihack/Room-Ultimate-5x5"])
+    # Demonstrations name a task instance ("Dungeon 1017: ..."), as runs with env.task_set show it. Their ids start
+    # at 1000, so a demonstrated level is never one of a run's tasks (ids 0..task_set-1 and the unseen ones after).
+    task_ids: bool = True
+    max_turns: int = 16  # turn limit of demonstrations and evaluation episodes (0 = the env's own); match env.max_turns
     demo_episodes: int = 3000  # scripted-expert episodes per env (with 300 the policy memorised maps instead of reading the heading)
     share_no_entry: float = 0.40  # share of demonstrations without an experience entry
     share_correct_entry: float = 0.45  # share with a correct entry the expert follows (the rest: a wrong entry, ignored)
@@ -102,8 +108,9 @@ class WarmStartConfig:
     # success 1.00 on held-out seeds, which leaves an RL run nothing to show. Before ~75 steps the policy
     # has not learned to read the heading and is close to uniform over the 8 moves (70 steps: reply
     # entropy 1.17 nats per token), where GRPO found no signal in 10 steps; 90 steps sit just past it
-    # (greedy 1.00 on the build's held-out seeds): the cliff is in docs/results.md.
-    policy_steps: int = 90
+    # (greedy 1.00 on the build's held-out seeds): the cliff is in docs/results.md. The dark room's reading and
+    # exploring take longer: 400 steps (about 2 minutes here).
+    policy_steps: int = 400
     # Policy SFT steps before the main ones on short prompts: the task line and the current observation,
     # without the system text, the history or an entry (its own optimiser and schedule). On ALFWorld a
     # policy trained on full prompts never learned to copy the task's object into "take"/"move" (1,400
@@ -191,6 +198,7 @@ class Demo:
     facts: dict[str, Any] = field(default_factory=dict)  # what the teacher knows: stairs offset, monsters, ...
     keep_intro: bool = False  # the env keeps its first observation in the prompt (envs/base.py)
     invalid_actions: int = 0  # played actions the env refused (its info["invalid_action"]); model rollouts only
+    final_observation: str = ""  # what the env said after the last action (MiniHack's debrief: where the stairs were)
 
 
 @dataclass
@@ -211,58 +219,15 @@ def _rel(dr: int, dc: int) -> str:
     return " and ".join(parts) if parts else "at"
 
 
-def _heading(dr: int, dc: int) -> str:
-    from envs.minihack import heading_word
-
-    return heading_word(dr, dc) or "nowhere"
-
-
 def _sign(x: int) -> int:
     return (x > 0) - (x < 0)
 
 
 # ---------------------------------------------------------------------------- MiniHack
 
-_SEEN = re.compile(r"You see: (.*?)\.?$", re.M)
-
-
-def _monsters_in(obs: str) -> set[str]:
-    """Names in the observation's 'You see: lichen 1 east; ...' line (the text before the offset)."""
-    names = set()
-    for line in _SEEN.findall(obs):
-        for item in line.split("; "):
-            name = re.split(r" \d", item, maxsplit=1)[0].strip()
-            if name and name not in ("item", "an item", "item (tool or weapon)"):
-                names.add(name)
-    return names
-
-
-def _minihack_reference(env: Any, seed: int) -> dict[str, Any]:
-    """Play the expert once on `seed` to learn the level's facts (the teacher's privileged view):
-    the staircase's offset from the start, monsters met, traps seen, actions the expert needed."""
-    from envs.experts import expert_action
-
-    obs, _ = env.reset(seed=seed)
-    start = env.agent_pos
-    monsters = _monsters_in(obs)
-    n, info = 0, {}
-    stairs: tuple[int, int] | None = None
-    while True:
-        # The final map after NetHack ends the episode is blank: read the staircase before each step.
-        stairs = stairs or next(((r, c) for r, line in enumerate(env.grid) for c, ch in enumerate(line) if ch == ">"), None)
-        obs, _, term, trunc, info = env.step(expert_action(env))
-        n += 1
-        monsters |= _monsters_in(obs)
-        if term or trunc:
-            break
-    end = stairs or start
-    return {"offset": (end[0] - start[0], end[1] - start[1]), "monsters": sorted(monsters),
-            "traps": len(env.traps), "expert_actions": n, "expert_success": bool(info.get("success"))}
-
-
 def _minihack_entry(task: str, facts: dict[str, Any], *, wrong: bool, rng: random.Random) -> str:
     """A correct entry states where the staircase is and how to get there; a wrong one points elsewhere."""
-    dr, dc = facts["offset"]
+    dr, dc = facts["offset"] or (0, 0)
     if wrong:
         choices = [(a, b) for a in range(-4, 5) for b in range(-4, 5) if (a, b) != (0, 0)
                    and (_sign(a), _sign(b)) != (_sign(dr), _sign(dc))]
@@ -270,31 +235,42 @@ def _minihack_entry(task: str, facts: dict[str, Any], *, wrong: bool, rng: rando
             return format_entry_text("Pick up the key first", "Locked rooms with a key",
                                      "Pick up the key, stand next to the locked door and apply the key, then walk in.")
         dr, dc = rng.choice(choices)
-    content = (f"The staircase down (>) is {_rel(dr, dc)} of the square where you start. "
-               f"Walk {_heading(dr, dc)} toward it; once it is in view, go straight to it.")
-    for m in facts.get("monsters", [])[:1]:
-        if m == "lichen":
-            content += " A lichen holds you in place: kill it by moving into it."
-        else:
-            content += f" A {m} may block the way: attack it by moving into it or walk around it."
-    if facts.get("traps"):
-        content += " A trap (^) hides in the room: step around it once you see it."
-    return format_entry_text("Where the staircase is", f"How to reach the staircase: {task}", content)
+    # The form the extractor's teacher writes (_lesson), so the actor learns to read what a run's library holds.
+    return format_entry_text("Where the staircase is", f"Reaching the staircase: {_task_name(task)}", _stairs_lesson(dr, dc))
 
 
-def _minihack_hinted(env: Any, target: tuple[int, int]) -> str:
-    """The expert following a correct entry: until the staircase is seen, step toward where the
-    entry says it is (around walls, traps and monsters); afterwards, or when blocked, the plain expert."""
+def _task_name(task: str) -> str:
+    """'Dungeon 17' for a recurring task's text (its id says which level), else the whole task text."""
+    from envs.base import task_id_of
+
+    return task.split(":", 1)[0] if task_id_of(task) is not None else task
+
+
+def _stairs_lesson(dr: int, dc: int) -> str:
+    """The sentence a MiniHack entry carries: the offset in the env's debrief words (envs/minihack.py
+    `claimed_offset` reads it back) and the first heading to walk."""
+    from envs.minihack import first_heading
+
+    return (f"The staircase down (>) is {_rel(dr, dc)} of the square where you start. "
+            f"From the start, head {first_heading(dr, dc) or 'nowhere'}; once it is in view, go straight to it.")
+
+
+def _minihack_hinted(env: Any, target: tuple[int, int], heading: str = "") -> str | None:
+    """A step toward where an entry says the staircase is, until it is seen: the entry's `heading` while
+    that brings the target closer, else the move that does (around walls, traps and monsters). None when
+    no move brings it closer (the entry was wrong, or the target is reached without a staircase)."""
     from envs.experts import expert_action
 
     if any(">" in line for line in env.grid) or "cannot escape" in env.message.lower():
         return expert_action(env)
     r, c = env.agent_pos
     if (r, c) == target:
-        return expert_action(env)
+        return None
     dist = max(abs(target[0] - r), abs(target[1] - c))
     best, best_d = None, dist
-    for word, (dr, dc) in _DELTAS.items():
+    words = sorted(_DELTAS, key=lambda w: w != heading)  # the entry's heading first: what a reader of it does
+    for word in words:
+        dr, dc = _DELTAS[word]
         cell = (r + dr, c + dc)
         ch = env.grid[cell[0]][cell[1]] if 0 <= cell[0] < len(env.grid) and 0 <= cell[1] < len(env.grid[0]) else "|"
         if cell in env.blocked or cell in env.traps or cell in env.monsters or ch in "|-+`":
@@ -304,7 +280,7 @@ def _minihack_hinted(env: Any, target: tuple[int, int]) -> str:
         d = max(abs(target[0] - cell[0]), abs(target[1] - cell[1]))
         if d < best_d:
             best, best_d = word, d
-    return best if best is not None else expert_action(env)
+    return best
 
 
 # ---------------------------------------------------------------------------- ALFWorld
@@ -363,33 +339,63 @@ def _condition(rng: random.Random, cfg: WarmStartConfig) -> str:
 
 
 class _Teacher:
-    """Per env: the entry for a seed and condition, and the expert's action under that condition."""
+    """Per env: the entry for a task and condition, and the expert's action under that condition.
 
-    def __init__(self, env: Any) -> None:
+    MiniHack: with a correct entry the expert walks where it points until the staircase is in view
+    (then straight to it); with a wrong one it also walks where the entry points, and when that leads
+    nowhere it explores as with no entry (so a demonstration shows recovering from a wrong lesson);
+    with none it explores."""
+
+    def __init__(self, env: Any, *, task_ids: bool = False) -> None:
+        from envs.entry_check import EntryChecker
+
         self.env = env
         self.minihack = env.name.startswith("minihack/")
+        self.task_ids = task_ids
+        self.task = ""
         self.facts: dict[str, Any] = {}
         self.target: tuple[int, int] | None = None
+        self.heading = ""
+        self.following = False  # walking where the entry points (MiniHack)
+        self._levels = EntryChecker() if self.minihack else None  # learns each level with a long turn budget
 
     def start(self, seed: int, condition: str, rng: random.Random) -> tuple[str, str, dict[str, Any]]:
-        """Reset the env on `seed`; returns (first observation, entry text, facts)."""
+        """Reset the env on `seed` (with task_ids: on task instance `seed`); returns (first observation,
+        entry text, facts). `self.task` is the task text the actor sees."""
+        from envs.base import instance_task, task_seed
+
+        env_seed = task_seed(self.env.name, seed) if self.task_ids else seed
         if self.minihack:
-            self.facts = _minihack_reference(self.env, seed)
-            obs, _ = self.env.reset(seed=seed)
-            dr, dc = self.facts["offset"]
-            self.target = (self.env.agent_pos[0] + dr, self.env.agent_pos[1] + dc)
-            entry = "" if condition == "none" else _minihack_entry(self.env.task, self.facts, wrong=condition == "wrong", rng=rng)
+            self.task = instance_task(self.env.name, seed, self.env.task) if self.task_ids else self.env.task
+            self.facts = self._levels.level(self.env.name, env_seed)
+            obs, _ = self.env.reset(seed=env_seed)
+            entry = ""
+            self.target, self.heading, self.following = None, "", False
+            if condition != "none" and self.facts["offset"] is not None:
+                entry = _minihack_entry(self.task, self.facts, wrong=condition == "wrong", rng=rng)
+                claim = _claimed(entry)
+                if claim is not None:  # an irrelevant wrong entry claims nothing: the expert ignores it
+                    from envs.minihack import first_heading
+
+                    self.target = (self.env.agent_pos[0] + claim[0], self.env.agent_pos[1] + claim[1])
+                    self.heading, self.following = first_heading(*claim), True
         else:
-            obs, _ = self.env.reset(seed=seed)
+            obs, _ = self.env.reset(seed=env_seed)
             self.facts = {"object": self.env.goal.object_type, "hint": self.env.placement_hint()}
             entry = "" if condition == "none" else _alfworld_entry(self.env, wrong=condition == "wrong", rng=rng)
+        self.task = instance_task(self.env.name, seed, self.env.task) if self.task_ids else self.env.task
         return obs, entry, dict(self.facts)
 
     def action(self, condition: str) -> str:
         if self.minihack:
             from envs.experts import expert_action
 
-            return _minihack_hinted(self.env, self.target) if condition == "correct" else expert_action(self.env)
+            if self.following:
+                move = _minihack_hinted(self.env, self.target, self.heading)
+                if move is not None:
+                    return move
+                self.following = False  # the entry led nowhere (or it was followed to its end): explore
+            return expert_action(self.env)
         return _alfworld_action(self.env, informed=condition == "correct")
 
     def random_action(self, rng: random.Random) -> str:
@@ -399,6 +405,12 @@ class _Teacher:
             return rng.choice(list(_DELTAS))
         adm = list(self.env._state.admissible_commands)
         return rng.choice(adm) if adm else "look"
+
+
+def _claimed(entry: str) -> tuple[int, int] | None:
+    from envs.minihack import claimed_offset
+
+    return claimed_offset(entry)
 
 
 def _play_expert(teacher: _Teacher, env_name: str, seed: int, condition: str, eps: float, rng: random.Random, source: str) -> Demo:
@@ -415,19 +427,17 @@ def _play_expert(teacher: _Teacher, env_name: str, seed: int, condition: str, ep
         obs, _, term, trunc, info = env.step(taken)
         if term or trunc:
             break
-    return Demo(env_name, seed, env.task, env.action_format, condition, entry, turns, bool(info.get("success")), source, facts,
-                keep_intro=keeps_intro(env))
+    return Demo(env_name, seed, teacher.task, env.action_format, condition, entry, turns, bool(info.get("success")), source, facts,
+                keep_intro=keeps_intro(env), final_observation=obs)
 
 
 def collect_demos(cfg: WarmStartConfig, *, tick: Callable[[int], None] | None = None) -> list[Demo]:
     """Scripted-expert episodes from every env of `cfg` (step 1), seeds disjoint from evaluation's."""
-    from envs.registry import make_env
-
     demos: list[Demo] = []
     for ei, name in enumerate(cfg.envs):
-        env = make_env(name)
+        env = _make_env(cfg, name)
         try:
-            teacher = _Teacher(env)
+            teacher = _Teacher(env, task_ids=cfg.task_ids)
             rng = random.Random(f"{cfg.seed}/demos/{name}")
             for i in range(cfg.demo_episodes):
                 noisy = rng.random() < cfg.noisy_share
@@ -441,16 +451,27 @@ def collect_demos(cfg: WarmStartConfig, *, tick: Callable[[int], None] | None = 
     return demos
 
 
+def _make_env(cfg: WarmStartConfig, name: str) -> Any:
+    from envs.registry import make_env
+
+    return make_env(name, max_turns=cfg.max_turns) if cfg.max_turns else make_env(name)
+
+
+# With task_ids these numbers are task instance ids (ids from 1000 on: never one of a run's tasks), else env seeds.
 def _demo_seed(cfg: WarmStartConfig, env_index: int, i: int) -> int:
+    if cfg.task_ids:
+        return 1_000 + 100_000 * (cfg.seed * 10 + env_index) + i
     return 1_000_000 * (cfg.seed + 1) + 10_000 * env_index + i
 
 
 def _dagger_seed(cfg: WarmStartConfig, env_index: int, i: int) -> int:
+    if cfg.task_ids:
+        return 1_000 + 100_000 * (cfg.seed * 10 + env_index) + 50_000 + i
     return 1_000_000 * (cfg.seed + 1) + 10_000 * env_index + 5_000 + i
 
 
 def _eval_seed(env_index: int, i: int) -> int:
-    return 900_000_000 + 10_000 * env_index + i  # held out: never a demo or DAgger seed
+    return 900_000_000 + 10_000 * env_index + i  # held out: never a demo or DAgger seed (or task id)
 
 
 # ============================================================================ SFT examples
@@ -517,20 +538,22 @@ def _lesson(demo: Demo) -> tuple[str, str]:
     taken = [t.taken for t in demo.turns]
     invalid = sorted({a for a in taken if a in _INVALID_WORDS})
     if demo.env.startswith("minihack/"):
-        dr, dc = demo.facts.get("offset", (0, 0))
-        title = "Where the staircase is" if demo.success else "Mistakes that cost the episode"
-        content = f"The staircase down (>) was {_rel(dr, dc)} of the start."
-        if demo.success:
-            content += f" Reached in {len(taken)} actions: {_compress(taken)}."
-            reason = f"The agent reached the staircase in {len(taken)} actions; the path is worth keeping."
+        # Only what the trajectory shows: the debrief in its final observation says where the staircase was
+        # (the extractor reads the same text); an episode that never saw it can only say where it was not.
+        offset = _claimed(demo.final_observation)
+        if offset is not None:
+            title = "Where the staircase is"
+            content = _stairs_lesson(*offset)
+            reason = (f"The agent reached the staircase in {len(taken)} actions; where it is is worth keeping." if demo.success
+                      else "The agent failed, but it saw the staircase: where it is is worth keeping.")
         else:
-            content += f" Walk {_heading(dr, dc)} toward it and go straight to it once you see it."
-            reason = f"The agent failed after {len(taken)} actions; the lesson is where to go and what not to repeat."
+            title = "Mistakes that cost the episode"
+            content = (f"The staircase down (>) was not seen in {len(taken)} actions ({_compress(taken)}): "
+                       "explore the squares those actions did not reach.")
+            reason = f"The agent failed after {len(taken)} actions without seeing the staircase; the lesson is where it is not."
         if invalid:
             content += f" Words like '{invalid[0]}' are not actions and waste a turn: use compass directions only."
-        for m in demo.facts.get("monsters", [])[:1]:
-            content += f" A {m} was in the room: attack it by moving into it when it blocks you."
-        desc = f"Reaching the staircase: {demo.task}"
+        desc = f"Reaching the staircase: {_task_name(demo.task)}"
     else:
         obj = demo.facts.get("object", "object")
         title = f"Where to find {_a(obj)}"
@@ -574,7 +597,7 @@ def _extractor_prompt(cfg: WarmStartConfig, demo: Demo) -> list[dict[str, str]]:
     user = P.EXTRACTOR_USER.format(
         task=demo.task, outcome="success" if demo.success else "failure", num_actions=len(steps),
         previous=P.numbered([demo.entry] if demo.entry else []),
-        trajectory=P.trajectory_text(steps, max_chars=cfg.trajectory_chars), budget=cfg.op_budget)
+        trajectory=P.trajectory_text(steps, max_chars=cfg.trajectory_chars, final=demo.final_observation), budget=cfg.op_budget)
     return [{"role": "system", "content": P.EXTRACTOR_SYSTEM}, {"role": "user", "content": user}]
 
 
@@ -761,18 +784,16 @@ def _rollouts(backend: Any, cfg: WarmStartConfig, specs: Sequence[tuple[str, int
 
 def _rollout_chunk(backend: Any, cfg: WarmStartConfig, specs: Sequence[tuple[str, int, str]], *, temperature: float,
                    seed: int, source: str, max_turns: int | None, max_new_tokens: int) -> list[Demo]:
-    from envs.registry import make_env
-
     rng = random.Random(seed)
     lives: list[_Live] = []
     envs: list[Any] = []
     try:
         for name, s, cond in specs:
-            env = make_env(name)
+            env = _make_env(cfg, name)
             envs.append(env)
-            teacher = _Teacher(env)
+            teacher = _Teacher(env, task_ids=cfg.task_ids)
             obs, entry, facts = teacher.start(s, cond, rng)
-            demo = Demo(name, s, env.task, env.action_format, cond, entry, [], False, source, facts,
+            demo = Demo(name, s, teacher.task, env.action_format, cond, entry, [], False, source, facts,
                         keep_intro=keeps_intro(env))
             lives.append(_Live(teacher, demo, obs, []))
         turn = 0
@@ -793,6 +814,7 @@ def _rollout_chunk(backend: Any, cfg: WarmStartConfig, specs: Sequence[tuple[str
                 if term or trunc or (max_turns is not None and len(lv.demo.turns) >= max_turns):
                     lv.done = True
                     lv.demo.success = bool(info.get("success"))
+                    lv.demo.final_observation = lv.obs if term or trunc else ""
     finally:
         for env in envs:
             env.close()
@@ -827,12 +849,21 @@ def _evaluate_extractor(backend: Any, cfg: WarmStartConfig, demos: Sequence[Demo
     outs = backend.generate(prompts, max_new_tokens=cfg.extractor_max_new_tokens, temperature=0.0, seed=cfg.seed)
     parsed = [parse_extractor_answer(o.text, n_previous=1 if d.entry else 0) for o, d in zip(outs, pick)]
     ok = [p for p in parsed if p is not None]
+    # MiniHack: is what the entries claim true of the level the trajectory came from (envs/entry_check.py)?
+    right = checkable = 0
+    for p, d in zip(parsed, pick):
+        offset = d.facts.get("offset") if d.env.startswith("minihack/") else None
+        for op in (p or []) if offset is not None else []:
+            if op.text:
+                checkable += 1
+                right += _claimed(op.text) == tuple(offset)
     merge = _evaluate_merge(backend, cfg, demos)
     return {
         "answers": len(pick),
         "parse_rate": len(ok) / max(1, len(pick)),
         "ops_per_answer": sum(len(p) for p in ok) / max(1, len(ok)),
         "parse_rate_with_ops": sum(1 for p in ok if p) / max(1, len(pick)),  # parsed and not the empty list
+        **({"entries_checked": checkable, "entry_correct_share": right / checkable} if checkable else {}),
         "example": outs[0].text[:600] if outs else "",
         **merge,
     }
