@@ -97,16 +97,17 @@ def test_full_plan_lists_the_whole_design_and_fits_a_budget(tmp_path: Path):
         assert sum(f"| {v}-seed" in r for r in rows) == 3 and sum(f"| alfworld_cpu-{v}-seed" in r for r in rows) == 3
     assert sum("| complementary-no_" in r or "| complementary-joint" in r or "| complementary-all_" in r for r in rows) == 6
     assert any("| multitask_cpu-complementary-seed0 | multitask_cpu.yaml | 24 |" in r for r in rows)
-    assert "| grpo-seed0 | minihack_room_cpu.yaml | 128 | 3840 |" in out  # 16 tasks × K=8, 30 steps
+    assert "| grpo-seed0 | minihack_room_cpu.yaml | 64 | 1920 |" in out  # 8 recurring tasks × K=8, 30 steps
     total = lambda text: float(text.split("**total**")[1].split("**")[1].removesuffix(" h"))  # noqa: E731
-    assert total(out) > 20  # the whole design at a learning budget is a day of this machine
+    assert total(out) > 10  # the whole design at a learning budget is most of a day of this machine
     fit = plan("--budget-hours", "3")
     steps = int(fit.split("--budget-hours 3: ")[1].split(" steps")[0])
     assert 1 <= steps < 30 and total(fit) <= 3.0
     assert f"31 runs of {steps} steps" in fit
     fit2 = plan("--budget-hours", "3", "--jobs", "2")  # two runs at a time: more steps fit the same hours
     steps2 = int(fit2.split("--budget-hours 3: ")[1].split(" steps")[0])
-    assert steps < steps2 <= 2 * steps + 1 and total(fit2) <= 3.0 and "2 runs at a time" in fit2
+    # each run's evaluations cost the same at any step count, so two at a time can fit more than twice the steps
+    assert steps < steps2 <= 3 * steps + 2 and total(fit2) <= 3.0 and "2 runs at a time" in fit2
     at_once = plan("--steps", "30", "--jobs", "2")
     assert total(out) / 2 <= total(at_once) < total(out)
     bad = subprocess.run([sys.executable, "benchmarks/study.py", "--plan", "--config", str(tmp_path / "none.yaml")], cwd=ROOT,
