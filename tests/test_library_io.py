@@ -8,6 +8,8 @@ import pytest
 from core.library_io import LibraryFileError, export_library, import_library
 from core.store import ExperienceStore, NewEntry
 from core.types import Generation, Source
+# Every test that takes a database runs on SQLite and on Postgres (tests/conftest.py).
+pytestmark = pytest.mark.both_backends
 
 
 def test_bad_line_imports_nothing_and_names_the_line(store, tmp_path):
@@ -32,7 +34,7 @@ def test_bad_line_imports_nothing_and_names_the_line(store, tmp_path):
     assert store.count(status=None) == 0 and store.library_version() == v
 
 
-def test_round_trip_is_identical(store, tmp_path, db_url):
+def test_round_trip_is_identical(store, tmp_path, new_db_url):
     ids = store.add_entries([
         NewEntry(text="## Title: a\n## Description: d\n## Content: c", env="minihack/Room-5x5", task="t1", query="q1",
                  created_step=3, generation=Generation("prompt", "resp", [1, 2], [3, 4], [-0.1, -0.2], 5)),
@@ -43,7 +45,7 @@ def test_round_trip_is_identical(store, tmp_path, db_url):
     store.record_trained([ids[0]], step=2)
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     assert export_library(store, a) == 3
-    other = ExperienceStore(f"sqlite:///{tmp_path / 'other.db'}")
+    other = ExperienceStore(new_db_url())
     rep = import_library(other, a)
     assert rep.imported == 3 and rep.ids == [*ids, merged]
     export_library(other, b)

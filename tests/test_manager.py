@@ -18,6 +18,8 @@ from core.store import ExperienceStore
 from core.types import Operation, Status, format_entry_text
 
 ROOT = Path(__file__).resolve().parents[1]
+# Every test that takes a database runs on SQLite and on Postgres (tests/conftest.py).
+pytestmark = pytest.mark.both_backends
 
 APPLE = format_entry_text("Apples", "where apples are", "Apples are usually on a countertop or in the fridge.")
 STAIRS = format_entry_text("Stairs", "MiniHack rooms", "Walk diagonally towards the > to reach it in fewer moves.")

@@ -15,11 +15,13 @@ from core.store import NewEntry
 from core.types import Source, Status
 
 TRAINER, TRAINER_WHY = trainer_available()
+# Every test that takes a database runs on SQLite and on Postgres (tests/conftest.py).
+pytestmark = pytest.mark.both_backends
 
 
 @pytest.fixture()
-def wb(tmp_path, embedder):
-    w = Workbench(tmp_path / "data", embedder=embedder, upload_cap_mb=0.01)
+def wb(tmp_path, embedder, db_url):
+    w = Workbench(tmp_path / "data", db_url, embedder=embedder, upload_cap_mb=0.01)
     yield w
     for launched in w._launched:  # processes this test started (an A/B evaluation), by their own handle
         if launched.proc.poll() is None:

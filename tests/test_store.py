@@ -13,6 +13,8 @@ from core.store import ExperienceStore, NewEntry, NotFoundError, StaleWriteError
 from core.types import Generation, Source, Status
 
 ROOT = Path(__file__).resolve().parents[1]
+# Every test that takes a database runs on SQLite and on Postgres (tests/conftest.py).
+pytestmark = pytest.mark.both_backends
 
 
 def test_add_get_and_fields(store):
