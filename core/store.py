@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,10 +27,12 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 from sqlalchemy import (
+    BindParameter,
     Boolean,
     Float,
     ForeignKey,
     Index,
+    Insert,
     Integer,
     LargeBinary,
     String,
@@ -38,6 +41,7 @@ from sqlalchemy import (
     event,
     func,
     or_,
+    Update,
     select,
     update,
 )
@@ -217,6 +221,98 @@ class ABTestRow(Base):
 
 
 # ---------------------------------------------------------------------------------------------
+# One validation layer at the boundary: SQLite and Postgres accept exactly the same inputs
+#
+# SQLite stores almost anything (NUL characters, a 300-character VARCHAR(256), 2**40 in an INTEGER),
+# Postgres refuses each with a driver error halfway through a transaction, and both fail on integers
+# beyond 64 bits (OverflowError from sqlite3, "out of range" from Postgres). Every value that reaches a
+# statement passes here first, so a bad value is one StoreError naming the field on either back end,
+# raised before anything is written. The rules are Postgres's column types: the stricter of the two.
+
+# Every integer column is Postgres INTEGER (4 bytes), and Postgres refuses a larger integer even in a
+# WHERE clause ("integer out of range") where SQLite would answer "not found": so no statement may
+# bind an integer outside this range, on either back end.
+INT32 = (-(2**31), 2**31 - 1)
+_NOUN = {"entries": "entry", "entry_versions": "entry version", "entry_usage": "entry usage row", "runs": "run",
+         "metrics": "metric", "run_commands": "run command", "trajectories": "stored episode", "ab_tests": "A/B test",
+         "library_state": "library state"}
+
+
+def _bad_value(noun: str, field: str, v: Any, col_type: Any) -> str | None:
+    """Why value `v` cannot be stored in a column of `col_type` (None: it can)."""
+    if v is None or isinstance(v, (bytes, bytearray, memoryview)):
+        return None
+    if isinstance(v, str):
+        if "\x00" in v:
+            return f"{noun} {field} contains a NUL character (\\x00); remove it"
+        limit = getattr(col_type, "length", None)
+        if limit is not None and len(v) > limit:
+            return f"{noun} {field} is {len(v):,} characters long; the store keeps at most {limit}: shorten it"
+        return None
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, (int, np.integer)):
+        lo, hi = INT32
+        if isinstance(col_type, Integer) and not lo <= int(v) <= hi:
+            return f"{noun} {field} {int(v)} is out of range; the store keeps integers from {lo} to {hi}"
+        return None
+    if isinstance(v, (float, np.floating)) and math.isnan(float(v)):
+        # SQLite would store NaN as NULL and Postgres as NaN: neither is the value that was meant.
+        return f"{noun} {field} is NaN; store a number"
+    return None
+
+
+def check_values(table: Any, values: dict[str, Any]) -> None:
+    """Raise StoreError if any of `values` (column key -> value) cannot be stored in `table` as it is."""
+    noun = _NOUN.get(table.name, table.name)
+    for key, v in values.items():
+        col = table.columns.get(key)
+        if col is None:
+            continue  # a bind parameter of a WHERE clause (checked by _check_params) or an ORM pk alias
+        why = _bad_value(noun, key.replace("_", " "), v, col.type)
+        if why:
+            raise StoreError(why)
+
+
+def _check_params(params: Any) -> None:
+    """Every bound value of every statement, reads included: no driver can take these on either back end."""
+    if isinstance(params, dict):
+        items: Iterable[Any] = params.values()
+    elif isinstance(params, (list, tuple)):
+        items = params
+    else:
+        return
+    for v in items:
+        if isinstance(v, (dict, list, tuple)):
+            _check_params(v)
+        elif isinstance(v, str) and "\x00" in v:
+            raise StoreError("a value contains a NUL character (\\x00), which the store cannot keep; remove it")
+        elif isinstance(v, (int, np.integer)) and not isinstance(v, bool) and not INT32[0] <= int(v) <= INT32[1]:
+            raise StoreError(f"{int(v)} is out of range: ids, versions, steps, seeds and counters are at most {INT32[1]}")
+
+
+def _install_checks(engine: Engine) -> None:
+    @event.listens_for(engine, "before_execute")
+    def _before_execute(conn, clause, multiparams, params, execution_options):  # noqa: ANN001
+        # Writes, by column: the rows an insert or update carries (ORM flushes come this way too) and
+        # the literal values of `.values(...)`. Expressions such as `version + 1` are the database's
+        # to compute and are not checked.
+        if isinstance(clause, (Insert, Update)):
+            for rows in (multiparams, params):
+                for row in (rows if isinstance(rows, (list, tuple)) else [rows]):
+                    if isinstance(row, dict):
+                        check_values(clause.table, row)
+            # `_values` is SQLAlchemy's own record of `.values(...)` (stable through 2.x, no public accessor).
+            literal = {getattr(k, "key", k): v.value for k, v in (getattr(clause, "_values", None) or {}).items()
+                       if isinstance(v, BindParameter)}
+            check_values(clause.table, literal)
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def _before_cursor(conn, cursor, statement, parameters, context, executemany):  # noqa: ANN001
+        _check_params(parameters)
+
+
+# ---------------------------------------------------------------------------------------------
 # Plain results handed to callers
 
 
@@ -319,6 +415,7 @@ class ExperienceStore:
     def __init__(self, url: str, *, echo: bool = False):
         self.url = url
         self.engine: Engine = self._make_engine(url, echo)
+        _install_checks(self.engine)
         Base.metadata.create_all(self.engine)
         self._session = sessionmaker(self.engine, expire_on_commit=False)
         with self._tx() as s:

@@ -188,3 +188,54 @@ def test_in_memory_store_is_one_database(tmp_path, monkeypatch):
     a = s.add_entry("kept in memory")
     assert s.get(a).text == "kept in memory" and s.count() == 1
     assert list(tmp_path.iterdir()) == []  # nothing written to disk
+
+
+# -- one validation layer: SQLite and Postgres accept exactly the same inputs --------------------------------
+
+BAD_INPUTS = {
+    # what a caller passes -> a word the StoreError must contain (the field, or the value, to fix)
+    "NUL in an entry's text": (lambda s, r: s.add_entry("a\x00b"), "NUL"),
+    "NUL in an edit": (lambda s, r: s.update_text(s.add_entry("ok"), "x\x00", expected_version=1), "NUL"),
+    "NUL in a search": (lambda s, r: s.list_entries(text="a\x00"), "NUL"),
+    "env name of 129 characters": (lambda s, r: s.add_entry("x", env="e" * 129), "entry env is 129 characters"),
+    "run name of 257 characters": (lambda s, r: s.create_run("n" * 257), "run name is 257 characters"),
+    "run env of 257 characters": (lambda s, r: s.update_run(r, env="e" * 257), "run env"),
+    "metric key of 129 characters": (lambda s, r: s.log_metrics(r, 1, {"k" * 129: 1.0}), "metric key"),
+    "created step 2**31": (lambda s, r: s.add_entry("x", created_step=2**31), "created step 2147483648"),
+    "run step 2**40": (lambda s, r: s.update_run(r, step=2**40), "run step"),
+    "metric step 2**31": (lambda s, r: s.log_metrics(r, 2**31, {"k": 1.0}), "metric step"),
+    "episode seed 2**33": (lambda s, r: s.add_trajectories([{"run_id": r, "env": "e", "task": "t", "seed": 2**33}]), "seed"),
+    "entry id 2**31 (a read)": (lambda s, r: s.get(2**31), "out of range"),
+    "entry id 2**63 (a read)": (lambda s, r: s.get(2**63), "out of range"),
+    "entry id 2**64 (an archive)": (lambda s, r: s.archive([2**64]), "out of range"),
+    "expected version 2**63": (lambda s, r: s.update_text(s.add_entry("ok"), "y", expected_version=2**63), "out of range"),
+    "run id -2**63": (lambda s, r: s.get_run(-(2**63)), "out of range"),
+    "NaN reward": (lambda s, r: s.record_outcomes([(s.add_entry("ok"), True, float("nan"))]), "NaN"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS), ids=list(BAD_INPUTS))
+def test_same_inputs_refused_on_every_backend_with_nothing_written(store, case):
+    do, says = BAD_INPUTS[case]
+    run = store.create_run("r", env="e")
+    before = (store.library_version(), store.count(status=None), len(store.list_runs()),
+              store.metric_keys(run), store.list_trajectories(run_id=run), store.get_run(run)["step"])
+    with pytest.raises(StoreError) as err:
+        do(store, run)
+    assert says in str(err.value) and "\n" not in str(err.value)
+    # Refused before anything was written: the transaction held nothing (an entry the case added as a
+    # target of its edit is the only change allowed, and it bumped the version once).
+    after = (store.library_version(), store.count(status=None), len(store.list_runs()),
+             store.metric_keys(run), store.list_trajectories(run_id=run), store.get_run(run)["step"])
+    extra = after[1] - before[1]
+    assert extra in (0, 1) and after[0] == before[0] + extra and after[2:] == before[2:]
+
+
+def test_values_at_the_limits_are_stored_on_every_backend(store):
+    run = store.create_run("n" * 256, env="e" * 256)
+    eid = store.add_entry("ünïcödé \u2028 \u0085 text", env="e" * 128, created_step=2**31 - 1)
+    store.log_metrics(run, 2**31 - 1, {"k" * 128: -1.5})
+    store.add_trajectories([{"run_id": run, "env": "e", "task": "t", "seed": 2**31 - 1}])
+    assert store.get(eid).created_step == 2**31 - 1 and store.get(eid).text == "ünïcödé \u2028 \u0085 text"
+    assert store.get_run(run)["name"] == "n" * 256 and store.latest_metrics(run) == {"k" * 128: -1.5}
+    assert store.list_trajectories(run_id=run)[0]["seed"] == 2**31 - 1
