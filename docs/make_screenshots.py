@@ -187,11 +187,73 @@ def shoot(url: str, out: Path, info: dict) -> None:
         browser.close()
 
 
+def shoot_run(url: str, out: Path, run_id: int, prefix: str) -> None:
+    """The Live curves and the Library of an existing run (a data dir a study or `make run` left behind)."""
+    from playwright.sync_api import sync_playwright
+
+    out.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(url)
+        page.wait_for_selector("#runs-table", timeout=60_000)
+        page.locator("#run-id input").fill(str(run_id))
+        page.locator("#run-id input").press("Enter")
+        page.wait_for_timeout(1500)
+        page.get_by_role("tab", name="Live curves").click()
+        page.wait_for_function("() => { const el = document.querySelector('#curve-success .js-plotly-plot');"
+                               " return el && el.data && el.data.some(t => t.x.length > 1); }", timeout=120_000)
+        page.wait_for_timeout(3000)
+        page.screenshot(path=str(out / f"{prefix}curves.png"), full_page=True)
+        page.get_by_role("tab", name="Library").click()
+        page.wait_for_timeout(4000)
+        page.screenshot(path=str(out / f"{prefix}library.png"), full_page=False)
+        browser.close()
+
+
+def serve(data: Path):
+    """`comprl app` on `data` at a free loopback port, once it answers: (process, url)."""
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env.pop("COMPRL_AUTH", None)
+    app = subprocess.Popen([sys.executable, "-m", "app.cli", "app", "--data-dir", str(data), "--port", str(port)],
+                           cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.time() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return app, url
+        except OSError:
+            if app.poll() is not None or time.time() > deadline:
+                app.terminate()
+                raise RuntimeError("the workbench did not start") from None
+            time.sleep(0.5)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "docs" / "img"))
     ap.add_argument("--steps", type=int, default=8, help="steps of the short real training run")
+    ap.add_argument("--data-dir", default="", help="photograph an existing run's curves and library in this data dir instead")
+    ap.add_argument("--run", type=int, default=0, help="with --data-dir: the run id (default: the newest)")
+    ap.add_argument("--prefix", default="recurring-", help="with --data-dir: file name prefix of the screenshots")
     args = ap.parse_args()
+    if args.data_dir:
+        from core.store import ExperienceStore
+
+        data = Path(args.data_dir).resolve()
+        store = ExperienceStore(f"sqlite:///{data / 'workbench.db'}")
+        run_id = args.run or store.list_runs()[0]["id"]
+        store.close()
+        app, url = serve(data)
+        try:
+            shoot_run(url, Path(args.out), run_id, args.prefix)
+        finally:
+            app.terminate()
+            app.wait(timeout=30)
+        print(f"screenshots in {args.out}")
+        return
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
         info = seed(data, args.steps)

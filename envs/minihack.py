@@ -156,6 +156,15 @@ def first_heading(dr: int, dc: int) -> str:
     return heading_word(dr, dc)
 
 
+def stairs_sentence(dr: int, dc: int) -> str:
+    """'the staircase down (>) was 2 south and 1 east of your starting square (from the start, head south)':
+    the debrief's words, which a lesson about the level repeats (a contiguous span a small model can copy)
+    and `claimed_offset` reads back."""
+    if (dr, dc) == (0, 0):
+        return "the staircase down (>) was on your starting square"
+    return f"the staircase down (>) was {_relative(dr, dc)} of your starting square (from the start, head {first_heading(dr, dc)})"
+
+
 _OFFSET = r"(?:(\d+) (north|south)(?: and (\d+) (east|west))?|(\d+) (east|west))"
 _CLAIM = re.compile(r"stair\w*(?: down)?(?: \(>\))? (?:is|was|lies|lay) " + _OFFSET +
                     r" of (?:the|your) (?:square where you start\w*|start\w*(?: square)?)", re.I)
@@ -394,10 +403,7 @@ class MiniHackEnv:
         if self.stairs_pos is None:
             return "Debrief: you never saw the staircase down (>)."
         dr, dc = self.stairs_pos[0] - self.start_pos[0], self.stairs_pos[1] - self.start_pos[1]
-        if (dr, dc) == (0, 0):
-            return "Debrief: the staircase down (>) was on your starting square."
-        return (f"Debrief: the staircase down (>) was {_relative(dr, dc)} of your starting square "
-                f"(from the start, head {first_heading(dr, dc)}).")
+        return f"Debrief: {stairs_sentence(dr, dc)}."
 
     def _note_bump(self, word: str, before: tuple[int, int]) -> None:
         """A move that left us in place ran into something solid: remember it for planning."""

@@ -136,9 +136,9 @@ def test_policy_loss_mask_covers_only_the_action(ultimate_demos):
         assert ex.input_ids[:n_prompt] == list(prompt)  # the rollout's exact prompt
 
 
-def test_short_prompt_examples_hold_only_the_task_and_the_observation(ultimate_demos):
-    """The copy curriculum's examples (`short_prompt_steps`): the user message without entry or history,
-    no system message, the same action as the target."""
+def test_short_prompt_examples_hold_only_the_task_the_entry_and_the_observation(ultimate_demos):
+    """The copy curriculum's examples (`short_prompt_steps`): the user message with the entry but without
+    history, no system message, the same action as the target."""
     cfg, demos = ultimate_demos
     tok = build_tokenizer([json.dumps(W._actor_prompt(cfg, d, t)) + t.label for d in demos for t in d.turns[:3]], vocab_size=500)
     full, _ = W.policy_examples(demos, tok, cfg)
@@ -148,8 +148,9 @@ def test_short_prompt_examples_hold_only_the_task_and_the_observation(ultimate_d
     t = d.turns[2]
     msgs = W._short_prompt(d, t)
     assert [m["role"] for m in msgs] == ["user"]
-    assert msgs[0]["content"] == f"Task: {d.task}\nObservation:\n{t.observation}\nYour action:"
-    assert sum(len(e.input_ids) for e in short) < 0.6 * sum(len(e.input_ids) for e in full)
+    assert msgs[0]["content"] == (f"Task: {d.task}\n" + P.EXPERIENCE_BLOCK.format(experience=d.entry.strip())
+                                  + f"Observation:\n{t.observation}\nYour action:")
+    assert sum(len(e.input_ids) for e in short) < 0.75 * sum(len(e.input_ids) for e in full)
     for s_ex, f_ex in zip(short, full):
         n_s = next(i for i, lab in enumerate(s_ex.labels) if lab != W.IGNORE)
         n_f = next(i for i, lab in enumerate(f_ex.labels) if lab != W.IGNORE)
@@ -197,7 +198,7 @@ def test_expert_follows_a_correct_entry_and_a_wrong_one_until_it_leads_nowhere(u
         if facts["offset"] is None:
             continue
         dr, dc = facts["offset"]
-        assert f"{W._rel(dr, dc)} of the square where you start" in entry and claimed_offset(entry) == (dr, dc)
+        assert f"{W._rel(dr, dc)} of your starting square" in entry and claimed_offset(entry) == (dr, dc)
         target = teacher.target
         while not in_sight():
             a = teacher.action("correct")

@@ -108,16 +108,17 @@ class WarmStartConfig:
     # success 1.00 on held-out seeds, which leaves an RL run nothing to show. Before ~75 steps the policy
     # has not learned to read the heading and is close to uniform over the 8 moves (70 steps: reply
     # entropy 1.17 nats per token), where GRPO found no signal in 10 steps; 90 steps sit just past it
-    # (greedy 1.00 on the build's held-out seeds): the cliff is in docs/results.md. The dark room's reading and
-    # exploring take longer: 400 steps (about 2 minutes here).
-    policy_steps: int = 400
+    # (greedy 1.00 on the build's held-out seeds): the cliff is in docs/results.md. On the recurring dark room,
+    # 400 steps on full prompts alone learned nothing but the marginal over moves (loss 1.0 per token: "northeast"
+    # every turn, the entry unread); the short-prompt curriculum below comes first.
+    policy_steps: int = 300
     # Policy SFT steps before the main ones on short prompts: the task line and the current observation,
     # without the system text, the history or an entry (its own optimiser and schedule). On ALFWorld a
     # policy trained on full prompts never learned to copy the task's object into "take"/"move" (1,400
     # steps: 0 of 24 held-out takes right); the same model copies after ~150 steps of short prompts, and
     # the skill carries over to full prompts within ~50 (a synthetic check: benchmarks/results/copy_probe.md).
-    short_prompt_steps: int = 0
-    extractor_steps: int = 600  # extractor SFT optimiser steps (~0.6 s each here)
+    short_prompt_steps: int = 300
+    extractor_steps: int = 800  # extractor SFT optimiser steps (~0.5 s each here)
     batch_size: int = 16  # sequences per policy SFT step
     extractor_batch_size: int = 4  # sequences per extractor SFT step (its sequences are about twice as long)
     threads: int = 0  # torch CPU threads while building; 0 = the cores left free by the current load (>= 1)
@@ -247,12 +248,12 @@ def _task_name(task: str) -> str:
 
 
 def _stairs_lesson(dr: int, dc: int) -> str:
-    """The sentence a MiniHack entry carries: the offset in the env's debrief words (envs/minihack.py
-    `claimed_offset` reads it back) and the first heading to walk."""
-    from envs.minihack import first_heading
+    """The content of a MiniHack entry: the env's debrief sentence word for word (the offset and the first
+    heading; the extractor copies one span, `claimed_offset` reads it back), then what to do with it."""
+    from envs.minihack import stairs_sentence
 
-    return (f"The staircase down (>) is {_rel(dr, dc)} of the square where you start. "
-            f"From the start, head {first_heading(dr, dc) or 'nowhere'}; once it is in view, go straight to it.")
+    s = stairs_sentence(dr, dc)
+    return f"{s[0].upper()}{s[1:]}. Once it is in view, go straight to it."
 
 
 def _minihack_hinted(env: Any, target: tuple[int, int], heading: str = "") -> str | None:
@@ -498,9 +499,11 @@ def _join(tokenizer: Any, prompt_ids: list[int], target: str, kind: str) -> SFTE
 
 
 def _short_prompt(demo: Demo, turn: Turn) -> list[dict[str, str]]:
-    """The curriculum's prompt (`short_prompt_steps`): the actor's user message with no entry and no
-    history, and no system message."""
-    return P.actor_messages(action_format=demo.action_format, task=demo.task, observation=turn.observation)[1:]
+    """The curriculum's prompt (`short_prompt_steps`): the actor's user message (task, the entry when the
+    demonstration shows one, the observation) with no history and no system message. Short enough that
+    a tiny model learns to copy what the action depends on: the entry's heading, the observation's."""
+    return P.actor_messages(action_format=demo.action_format, task=demo.task, observation=turn.observation,
+                            experience=demo.entry)[1:]
 
 
 def policy_examples(demos: Sequence[Demo], tokenizer: Any, cfg: WarmStartConfig, *,
@@ -548,8 +551,8 @@ def _lesson(demo: Demo) -> tuple[str, str]:
                       else "The agent failed, but it saw the staircase: where it is is worth keeping.")
         else:
             title = "Mistakes that cost the episode"
-            content = (f"The staircase down (>) was not seen in {len(taken)} actions ({_compress(taken)}): "
-                       "explore the squares those actions did not reach.")
+            # (no list of the moves: a tiny extractor cannot copy 16 of them, and loops when it tries)
+            content = f"The staircase down (>) was not seen in {len(taken)} actions: explore the parts of the room they did not reach."
             reason = f"The agent failed after {len(taken)} actions without seeing the staircase; the lesson is where it is not."
         if invalid:
             content += f" Words like '{invalid[0]}' are not actions and waste a turn: use compass directions only."
