@@ -271,9 +271,12 @@ def runs_table(runs: Sequence[dict[str, Any]], latest: dict[int, dict[str, float
     return pd.DataFrame(rows, columns=RUN_COLUMNS)
 
 
+# "claim": on recurring tasks with a checker (envs/entry_check.py), whether what the entry says of its task's level
+# is right, wrong, or no claim at all; "–" where nothing can be checked.
 ENTRY_COLUMNS = ["id", "title", "env", "task", "source", "status", "v", "retrieved", "trained", "successes", "failures",
-                 "success rate", "updated"]
-ENTRY_COLUMN_WIDTHS = ["4%", "19%", "11%", "16%", "6%", "6%", "3%", "6%", "5%", "6%", "5%", "6%", "7%"]
+                 "success rate", "updated", "claim"]
+ENTRY_COLUMN_WIDTHS = ["4%", "18%", "10%", "15%", "6%", "6%", "3%", "6%", "5%", "6%", "5%", "6%", "6%", "4%"]
+CLAIM_LABELS = {"right": "right", "wrong": "WRONG", "no_claim": "no claim", "unknown": "–"}
 
 
 def _success_rate(e: Experience) -> str:
@@ -281,11 +284,13 @@ def _success_rate(e: Experience) -> str:
     return f"{e.successes / n:.2f} ({n})" if n else ""
 
 
-def entries_table(entries: Sequence[Experience], scores: Sequence[float] | None = None) -> pd.DataFrame:
+def entries_table(entries: Sequence[Experience], scores: Sequence[float] | None = None,
+                  verdicts: Sequence[str] | None = None) -> pd.DataFrame:
     rows = []
     for i, e in enumerate(entries):
         row = [e.id, short(e.text, 70), e.env, short(e.task, 50), e.source.value, e.status.value, e.version,
-               e.retrieved_count, e.trained_count, e.successes, e.failures, _success_rate(e), fmt_time(e.updated_at)]
+               e.retrieved_count, e.trained_count, e.successes, e.failures, _success_rate(e), fmt_time(e.updated_at),
+               CLAIM_LABELS.get(verdicts[i], "–") if verdicts is not None else "–"]
         if scores is not None:
             row.insert(1, round(float(scores[i]), 3))
         rows.append(row)

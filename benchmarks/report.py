@@ -34,7 +34,14 @@ TRAIN_KEYS = (("policy/success_with_exp", "with experience", "tab:blue"),
 EVAL_KEYS = (("eval/success_with_exp", "with experience, greedy", "tab:blue"),
              ("eval/success_without_exp", "without experience, greedy", "tab:orange"),
              ("eval/success_with_exp_sampled", "with experience, sampled", "tab:cyan"),
-             ("eval/success_without_exp_sampled", "without experience, sampled", "tab:red"))
+             ("eval/success_without_exp_sampled", "without experience, sampled", "tab:red"),
+             # recurring task sets: tasks never trained on
+             ("eval/success_unseen_with_exp", "unseen tasks, with experience, greedy", "tab:purple"),
+             ("eval/success_unseen_without_exp", "unseen tasks, without experience, greedy", "tab:brown"))
+# Recurring task sets: is what the library says true (envs/entry_check.py), and is it retrieved for its own task?
+TRUTH_KEYS = (("library/entry_correct_share", "library entries right", "tab:green"),
+              ("extractor/new_entry_correct_share", "new entries right (per step)", "tab:olive"),
+              ("retrieval/same_task_rate", "retrievals of the task's own entry", "tab:gray"))
 
 
 def study_command(d: dict) -> str:
@@ -64,7 +71,7 @@ def bench_command(name: str, d: dict) -> str:
     return f"python benchmarks/{name}.py" + (" --quick" if d.get("quick") else "")
 
 
-def _plot_panel(ax, runs: list[dict], keys, title: str) -> bool:
+def _plot_panel(ax, runs: list[dict], keys, title: str, ylabel: str = "success") -> bool:
     drawn = False
     for key, label, color in keys:
         series = [np.asarray(r.get("curves", {}).get(key, []), dtype=float) for r in runs]
@@ -81,7 +88,7 @@ def _plot_panel(ax, runs: list[dict], keys, title: str) -> bool:
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylabel("success")
+    ax.set_ylabel(ylabel)
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     if drawn:
@@ -97,9 +104,12 @@ def study_figures(stem: str, d: dict, img_dir: Path) -> list[tuple[str, Path]]:
     labels = list(dict.fromkeys(r.get("label", r.get("variant", "?")) for r in d.get("runs", [])))
     for lab in labels:
         runs = [r for r in d["runs"] if r.get("label", r.get("variant")) == lab]
-        fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
-        _plot_panel(a, runs, TRAIN_KEYS, f"{lab}: training rollouts")
-        _plot_panel(b, runs, EVAL_KEYS, f"{lab}: held-out eval")
+        truth = any(k in r.get("curves", {}) for r in runs for k, _, _ in TRUTH_KEYS)
+        fig, axes = plt.subplots(1, 3 if truth else 2, figsize=(15 if truth else 10, 3.6))
+        _plot_panel(axes[0], runs, TRAIN_KEYS, f"{lab}: training rollouts")
+        _plot_panel(axes[1], runs, EVAL_KEYS, f"{lab}: held-out (seen-task) eval")
+        if truth:
+            _plot_panel(axes[2], runs, TRUTH_KEYS, f"{lab}: entry correctness", ylabel="share")
         fig.suptitle(f"{stem} / {lab} ({len(runs)} seed{'s' if len(runs) != 1 else ''})", fontsize=11)
         fig.tight_layout()
         path = img_dir / f"{stem}-{lab}.png"

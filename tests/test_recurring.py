@@ -217,3 +217,27 @@ def test_ab_config_takes_recurring_task_ids():
     c = {"env": ENV, "seeds": [0, 1], "arms": {"A": {"kind": "current"}, "B": {"kind": "none"}}, "task_ids": True}
     assert validate_ab_config(c) == ""
     assert "task_ids" in validate_ab_config({**c, "task_ids": "yes"})
+
+
+def test_library_table_shows_whether_each_entry_is_right(tmp_path, embedder, db_url):
+    from app.service import Workbench
+    from core.store import NewEntry
+    from envs.entry_check import EntryChecker
+    from envs.minihack import stairs_sentence
+
+    env = "minihack/Room-5x5"
+    task = instance_task(env, 0, "Reach the staircase.")
+    checker = EntryChecker()
+    dr, dc = checker.facts(env, 0)["offset"]
+    checker.close()
+    wb = Workbench(tmp_path / "data", db_url, embedder=embedder)
+    try:
+        wb.store.add_entries([NewEntry(text=f"## Title: t\n## Description: d\n## Content: {stairs_sentence(dr, dc)}.", env=env, task=task),
+                              NewEntry(text=f"## Title: t\n## Description: d\n## Content: {stairs_sentence(dr, dc + 3)}.", env=env, task=task),
+                              NewEntry(text="## Title: t\n## Description: d\n## Content: kill the lichen.", env=env, task=task),
+                              NewEntry(text="## Title: t\n## Description: d\n## Content: go down.", env=env, task="Reach the staircase.")],
+                             actor="test")
+        df, _ = wb.library_page()
+        assert list(df["claim"]) == ["right", "WRONG", "no claim", "–"]
+    finally:
+        wb.close()
