@@ -120,6 +120,7 @@ def cmd_library(args: argparse.Namespace) -> int:
             text = Path(args.file).read_text() if args.file else args.text
             if text is None:
                 raise UserError("give the new text with --text or --file")
+            _check_entry_size(text)
             e = store.update_text(args.id, text, expected_version=args.expected_version, actor="cli")
             print(f"entry {e.id} is now at version {e.version}")
         elif sub in ("archive", "restore"):
@@ -144,6 +145,7 @@ def cmd_library(args: argparse.Namespace) -> int:
             text = Path(args.file).read_text() if args.file else args.text
             if not text:
                 raise UserError("give the merged text with --text or --file")
+            _check_entry_size(text)
             nid = merge.merge_entries(store, args.ids, text, actor="cli")
             print(f"merged {args.ids} into entry {nid}")
         return 0
@@ -153,8 +155,17 @@ def cmd_library(args: argparse.Namespace) -> int:
         store.close()
 
 
+def _check_entry_size(text: str) -> None:
+    """The import's cap holds for edits too: a longer entry would export but never import again."""
+    from core.library_io import MAX_ENTRY_CHARS
+
+    if len(text) > MAX_ENTRY_CHARS:
+        raise UserError(f"the text is {len(text):,} characters; an entry holds at most {MAX_ENTRY_CHARS:,}: shorten it")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
-    from trainers.config import load_run_config
+    from core.store import LIVE_STATUSES
+    from trainers.config import check_model_paths, load_run_config
     from trainers.cotrain import train
     from trainers.engine import RunContext
 
@@ -177,12 +188,37 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg = load_run_config(args.config, overrides=overrides)
     Path(args.data_dir).mkdir(parents=True, exist_ok=True)
     try:
+        if parent is None:
+            check_model_paths(cfg, args.data_dir)  # before any row says "running"
         ctx = RunContext.open(cfg, data_dir=args.data_dir, db_url=args.db or default_db_url(args.data_dir), run_id=args.run_id,
                               resume=args.resume, fork=args.fork)
-    except ValueError as e:
+    except (ValueError, ConfigError, UserError) as e:
+        if args.run_id is not None:  # the workbench made the row before starting us: say why it never ran
+            _fail_row(args, args.run_id, str(e))
         raise UserError(str(e)) from None
-    train(ctx)
+    try:
+        train(ctx)
+    except BaseException as e:
+        # train() marks the run failed once its loop has begun; a failure while it loads models, envs or the
+        # embedder comes before that, and must not leave the row "running" for ever.
+        if ctx.store.get_run(ctx.run_id)["status"] in LIVE_STATUSES:
+            ctx.finish("failed", f"{type(e).__name__}: {e}")
+        raise
     return 0
+
+
+def _fail_row(args: argparse.Namespace, run_id: int, why: str) -> None:
+    import time
+
+    from core.store import StoreError
+
+    store = open_store(args)
+    try:
+        store.update_run(run_id, status="failed", error=why[-4000:], ended_at=time.time(), pid=None)
+    except StoreError:
+        pass  # no such row: nothing to correct
+    finally:
+        store.close()
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

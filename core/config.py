@@ -207,21 +207,60 @@ def from_dict(cls: type, data: dict[str, Any] | None, path: str = "", base: Any 
         kwargs[name] = value
     if base is not None:
         kwargs = {f: kwargs.get(f, getattr(base, f)) for f in fields}
-    return cls(**kwargs)  # __post_init__ errors already name their field
+    try:
+        return cls(**kwargs)
+    except ConfigError as e:
+        # A section used in several places (ModelSection: actor and extractor.model) names its field
+        # without knowing where it sits: add the section's path so the message says what to fix.
+        msg = str(e)
+        if not path or msg.startswith(path.split(".")[0]):
+            raise
+        first = re.split(r"[ .\[]", msg, maxsplit=1)[0]
+        raise ConfigError(f"{path}.{msg}" if first in fields else f"{path}: {msg}") from None
 
 
 def to_dict(obj: Any) -> dict[str, Any]:
     return dataclasses.asdict(obj)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping: plain YAML keeps the last one, so a second
+    `env:` section silently replaced the first."""
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in seen and key != "<<":
+            raise ConfigError(f"line {key_node.start_mark.line + 1}: key {key!r} is given twice in one mapping (first on line "
+                              f"{seen[key] + 1}); keep one")
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+def safe_load_yaml(text: str) -> Any:
+    """yaml.safe_load, but a duplicate key is a ConfigError naming its line."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"config file {p} does not exist")
+    if p.is_dir():
+        raise ConfigError(f"{p} is a folder; give a YAML config file (e.g. configs/minihack_room_cpu.yaml)")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        data = safe_load_yaml(p.read_text(encoding="utf-8")) or {}
+    except ConfigError as e:
+        raise ConfigError(f"{p}: {e}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read config file {p}: {e}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{p} is not valid YAML: {e}") from None
+        raise ConfigError(f"{p} is not valid YAML: {' '.join(str(e).split())}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p} must hold a mapping of config sections at its top level")
     return data

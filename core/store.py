@@ -19,6 +19,8 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import os
+import socket
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -39,7 +41,9 @@ from sqlalchemy import (
     Text,
     create_engine,
     event,
+    delete,
     func,
+    inspect,
     or_,
     Update,
     select,
@@ -70,6 +74,33 @@ class StaleWriteError(StoreError):
 
 class NotFoundError(StoreError):
     pass
+
+
+LIVE_STATUSES = ("starting", "running", "paused")
+HEARTBEAT_S = 5.0  # how often a trainer says it is alive
+HEARTBEAT_STALE_S = 120.0  # silence after which a run on another host counts as dead (GIL stalls, busy SQLite)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True  # exists, owned by someone else (or not a pid we can ask about: do not call it dead)
+    return True
+
+
+def log_tail(path: str, lines: int = 20, max_bytes: int = 16_000) -> str:
+    """The last lines of a run's log (what a dead run shows instead of its last words)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max_bytes))
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError as e:
+        return f"(cannot read {path}: {e.strerror})"
+    return "\n".join(text.splitlines()[-lines:])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,6 +195,13 @@ class RunRow(Base):
     started_at: Mapped[float] = mapped_column(Float, default=time.time)
     updated_at: Mapped[float] = mapped_column(Float, default=time.time)
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Liveness: the trainer writes heartbeat_at every few seconds; with host and pid the workbench tells a
+    # killed run from a slow one (reap_dead_runs). Added after the first release: _add_missing_columns.
+    host: Mapped[str] = mapped_column(String(256), default="")
+    heartbeat_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # When metric rows of this run were last deleted (a resume dropping redone steps, a value superseded):
+    # readers that cache a run's series by id cursor (app/service.py MetricCache) reload it when this moves.
+    metrics_reset_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class MetricRow(Base):
@@ -417,6 +455,7 @@ class ExperienceStore:
         self.engine: Engine = self._make_engine(url, echo)
         _install_checks(self.engine)
         Base.metadata.create_all(self.engine)
+        self._add_missing_columns()
         self._session = sessionmaker(self.engine, expire_on_commit=False)
         with self._tx() as s:
             if s.get(LibraryState, 1) is None:
@@ -455,6 +494,29 @@ class ExperienceStore:
 
             return engine
         return create_engine(url, echo=echo, pool_pre_ping=True)
+
+    def _add_missing_columns(self) -> None:
+        """Columns added to a table after a database was created (create_all adds tables, never columns).
+
+        Only nullable or defaulted columns are ever added, so old rows stay valid. Two processes may
+        race here: the loser's ALTER fails and the column is there all the same."""
+        insp = inspect(self.engine)
+        for table in Base.metadata.sorted_tables:
+            have = {c["name"] for c in insp.get_columns(table.name)}
+            for col in table.columns:
+                if col.name in have:
+                    continue
+                ddl = col.type.compile(dialect=self.engine.dialect)
+                default = col.default.arg if col.default is not None and col.default.is_scalar else None
+                sql = f'ALTER TABLE {table.name} ADD COLUMN {col.name} {ddl}'
+                if isinstance(default, str):
+                    sql += f" DEFAULT '{default}'"
+                try:
+                    with self.engine.begin() as conn:
+                        conn.exec_driver_sql(sql)
+                except Exception:  # noqa: BLE001 - another process added it first
+                    if col.name not in {c["name"] for c in inspect(self.engine).get_columns(table.name)}:
+                        raise
 
     @contextmanager
     def _tx(self) -> Iterator[Session]:
@@ -873,8 +935,67 @@ class ExperienceStore:
                 for k, v in metrics.items() if v is not None and np.isfinite(float(v))]
         if not rows:
             return
+        for r in rows:  # before the DELETE below binds them, so the message names the field
+            check_values(MetricRow.__table__, r)
         with self._tx() as s:
+            # One value per (run, step, key): a step logged again (after a resume, or an evaluation of the same
+            # checkpoint run twice) supersedes the earlier value instead of adding a second point.
+            gone = s.execute(delete(MetricRow).where(MetricRow.run_id == run_id, MetricRow.step == step,
+                                                     MetricRow.key.in_([r["key"] for r in rows]))).rowcount
+            if gone:
+                s.execute(update(RunRow).where(RunRow.id == run_id).values(metrics_reset_at=at))
             s.execute(MetricRow.__table__.insert(), rows)
+
+    def metrics_reset_at(self, run_id: int) -> float | None:
+        """When metric rows of the run were last deleted (None: never): a cached series older than this is stale."""
+        with self._session() as s:
+            return s.execute(select(RunRow.metrics_reset_at).where(RunRow.id == run_id)).scalar_one_or_none()
+
+    def drop_after_step(self, run_id: int, step: int) -> dict[str, int]:
+        """A resume from the checkpoint at `step` will redo every later step: drop what those steps logged
+        (metrics and stored episodes past `step`), so the store holds each step's values and episodes once.
+        Library entries are kept: nothing the extractor wrote is lost. Returns the counts dropped."""
+        with self._tx() as s:
+            m = s.execute(delete(MetricRow).where(MetricRow.run_id == run_id, MetricRow.step > step)).rowcount
+            t = s.execute(delete(TrajectoryRow).where(TrajectoryRow.run_id == run_id, TrajectoryRow.step > step)).rowcount
+            if m:
+                s.execute(update(RunRow).where(RunRow.id == run_id).values(metrics_reset_at=time.time()))
+            return {"metrics": m, "episodes": t}
+
+    def heartbeat(self, run_id: int) -> None:
+        with self._tx() as s:
+            s.execute(update(RunRow).where(RunRow.id == run_id).values(heartbeat_at=time.time()))
+
+    def reap_dead_runs(self, *, stale_after_s: float = HEARTBEAT_STALE_S) -> list[int]:
+        """Mark runs whose trainer is gone as failed ("died: ..." and the end of its log); returns their ids.
+
+        Gone: its pid is dead on this host, or its heartbeat is older than `stale_after_s` (a trainer on
+        another machine, or a pid reused since). Rows without a pid or heartbeat yet (a run being launched)
+        are left to whoever launched them."""
+        host, now = socket.gethostname(), time.time()
+        dead: list[tuple[int, str, float | None, str]] = []
+        for r in self.list_runs():
+            if r["status"] not in LIVE_STATUSES or (not r["pid"] and r["heartbeat_at"] is None):
+                continue
+            if r["pid"] and r["host"] == host and not pid_alive(r["pid"]):
+                why = f"process {r['pid']} on {host} is gone"
+            elif r["heartbeat_at"] is not None and now - r["heartbeat_at"] > stale_after_s:
+                why = f"no heartbeat from process {r['pid']} on {r['host'] or '?'} for {now - r['heartbeat_at']:.0f} s"
+            else:
+                continue
+            dead.append((r["id"], why, r["heartbeat_at"], r["log_path"]))
+        reaped = []
+        for run_id, why, beat, log_path in dead:
+            tail = log_tail(log_path) if log_path else "(started from a terminal: its output went there)"
+            with self._tx() as s:
+                # Only if nothing took the run over since we looked (a resume rewrites pid and heartbeat).
+                res = s.execute(update(RunRow).where(RunRow.id == run_id, RunRow.status.in_(LIVE_STATUSES),
+                                                     RunRow.heartbeat_at.is_(None) if beat is None else RunRow.heartbeat_at == beat)
+                                .values(status="failed", pid=None, ended_at=now, updated_at=now,
+                                        error=f"died: {why}; the last lines of its log:\n{tail}"[-4000:]))
+                if res.rowcount == 1:
+                    reaped.append(run_id)
+        return reaped
 
     def metrics_since(self, run_id: int, keys: Sequence[str] | None = None, after_id: int = 0,
                       limit: int = 200_000) -> list[tuple[int, str, int, float, float]]:

@@ -71,3 +71,39 @@ def test_models_init_set_errors_are_one_line_and_build_nothing(tmp_path):
     r = comprl("models", "list", "--set", "policy_hidden=256", data_dir=tmp_path)
     assert r.returncode == 2 and "apply to `comprl models init` only" in r.stderr
     assert not (tmp_path / "models").exists()
+
+
+def test_train_refuses_bad_configs_in_one_line_before_any_run_row(tmp_path):
+    """Exit 2, one line naming the fix, and no run row (an unknown env used to start a run that "finished"
+    with every episode failed)."""
+    from core.store import ExperienceStore
+
+    unknown_env = tmp_path / "unknown_env.yaml"
+    unknown_env.write_text("env: {names: {minihack/Room-9x9: 1.0}}\n")
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("run: {max_steps: 2}\nenv: {max_turns: 3}\nrun: {seed: 4}\n")
+    for args, says in [((str(unknown_env),), "env.names: unknown env 'minihack/Room-9x9'"),
+                       ((str(dup),), "line 3: key 'run' is given twice"),
+                       ((str(tmp_path),), "is a folder; give a YAML config file"),
+                       ((str(unknown_env), "--set", "env.names={minihack/Room-5x5: 1}", "--set", "actor.temperature=-1"),
+                        "actor.temperature must be >= 0")]:
+        r = comprl("train", *args, data_dir=tmp_path / "d")
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.strip().splitlines() == [r.stderr.strip()] and says in r.stderr, r.stderr
+    db = tmp_path / "d" / "workbench.db"
+    assert not db.exists() or ExperienceStore(f"sqlite:///{db}").list_runs() == []
+
+
+def test_library_commands_refuse_huge_ids_and_oversized_edits_in_one_line(tmp_path):
+    data = tmp_path / "d"
+    src = tmp_path / "lib.jsonl"
+    src.write_text('{"text": "one"}\n')
+    assert comprl("library", "import", str(src), data_dir=data).returncode == 0
+    for args, says in [(("library", "show", str(2**63)), "out of range"),
+                       (("library", "edit", "1", "--text", "x" * 4001, "--expected-version", "1"), "at most 4,000"),
+                       (("library", "edit", "1", "--text", "y", "--expected-version", str(2**64)), "out of range"),
+                       (("library", "archive", str(2**31)), "out of range")]:
+        r = comprl(*args, data_dir=data)
+        assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r = comprl("library", "show", "1", data_dir=data)
+    assert r.returncode == 0 and r.stdout.startswith("#1 v1 active")  # unchanged by the refused commands

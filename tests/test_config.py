@@ -121,3 +121,33 @@ def test_a_config_never_silently_means_something_else():
         assert 0 <= cfg.rollout.with_experience <= cfg.rollout.group_size
         grpo = load_run_config(path, overrides={"run": {"variant": "grpo"}, "rollout": {"with_experience": 0}})
         assert grpo.rollout.with_experience == 0 and not grpo.uses_experience
+
+
+@pytest.mark.parametrize("text,says", [
+    ("env: {names: {minihack/Room-9x9: 1.0}}", "env.names: unknown env 'minihack/Room-9x9'; known envs: alfworld/all"),
+    ("env: {max_turns: -5}", "env.max_turns must be >= 0"),
+    ("actor: {temperature: -1}", "actor.temperature must be >= 0"),
+    ("extractor: {model: {temperature: -0.5}}", "extractor.model.temperature must be >= 0"),
+    ("env: {names: {minihack/Room-5x5: 1}}\nrun: {seed: 1}\nenv: {max_turns: 3}", "line 3: key 'env' is given twice"),
+    ("run: {seed: 1, seed: 2}", "key 'seed' is given twice"),
+    ("extractor: {templates_file: /no/such/templates.yaml}", "extractor.templates_file: templates file /no/such/templates.yaml does not exist"),
+    ("extractor: {templates_file: /tmp}", "extractor.templates_file: templates file /tmp is a folder"),
+])
+def test_edges_are_refused_in_one_line_naming_the_field(text, says):
+    with pytest.raises(ConfigError) as e:
+        load_run_config(text + "\n")
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_config_path_that_is_a_folder_or_missing_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="is a folder; give a YAML config file"):
+        load_run_config(str(tmp_path))
+    with pytest.raises(ConfigError, match="is a folder"):
+        load_run_config(tmp_path)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_run_config(str(tmp_path / "nope.yaml"))
+    ok = tmp_path / "t.yaml"
+    ok.write_text("extractor: {templates_file: " + str(tmp_path / "tpl.yaml") + "}\n")
+    (tmp_path / "tpl.yaml").write_text("no_such_template: x\n")
+    with pytest.raises(ConfigError, match="unknown template 'no_such_template'"):
+        load_run_config(ok)

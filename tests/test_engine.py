@@ -182,7 +182,10 @@ def test_eval_command_logs_checkpoints_at_their_step_and_never_a_foreign_model(t
     assert e.returncode == 0, out
     assert "without_exp_sampled | 3 |" in out and f"logged as eval/* metrics of run {rid} at step 1" in out
     after = store.metrics_since(rid, keys)
-    assert len(after) == len(before) + 2 and {s for _, _, s, _, _ in after[len(before):]} == {1}
+    # The run's own final evaluation was at step 1 too: the new one supersedes it (one value per step and key).
+    assert {(k, s) for _, k, s, _, _ in before} == {(k, 1) for k in keys}
+    assert sorted((k, s) for _, k, s, _, _ in after) == sorted((k, 1) for k in keys)
+    assert max(t for *_, t in after) > max(t for *_, t in before)  # the stored values are the new evaluation's
     e = comprl("eval", str(rid), "--episodes", "3", "--checkpoint", str(models / "policy"), data=tmp_path / "data")
     out, _ = e.communicate(timeout=600)
     assert e.returncode == 0, out
@@ -191,3 +194,109 @@ def test_eval_command_logs_checkpoints_at_their_step_and_never_a_foreign_model(t
     out, _ = e.communicate(timeout=600)
     assert e.returncode == 0, out
     assert "not logged: --no-log" in out and len(store.metrics_since(rid, keys)) == len(after)
+
+
+def test_a_missing_model_folder_is_refused_before_any_running_row(tmp_path, models):
+    cfg = write_config(tmp_path / "c.yaml", models, variant="grpo")
+    cfg.write_text(cfg.read_text().replace(str(models / "policy"), str(tmp_path / "no-such-model")))
+    p = comprl("train", str(cfg), data=tmp_path / "data")
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 2 and "Traceback" not in out, out
+    assert out.strip().splitlines()[-1].startswith("comprl: error: actor.path:") and "does not exist" in out
+    store = ExperienceStore(f"sqlite:///{tmp_path / 'data' / 'workbench.db'}")
+    assert store.list_runs() == []
+    # a row the workbench made before starting the trainer is marked failed, with the reason
+    rid = store.create_run("from the workbench", status="created")
+    p = comprl("train", str(cfg), "--run-id", str(rid), data=tmp_path / "data")
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 2, out
+    row = store.get_run(rid)
+    assert row["status"] == "failed" and row["error"].startswith("actor.path:")
+
+
+def test_partial_checkpoints_are_cleaned_and_a_moved_aside_step_is_restored(tmp_path):
+    from trainers.engine import clean_partial_checkpoints, latest_checkpoint
+
+    root = tmp_path / "checkpoints"
+    for name in ("step_000001", ".tmp_step_000002_123", ".old_step_000003_77", ".old_step_000001_5"):
+        (root / name).mkdir(parents=True)
+        (root / name / "state.pt").write_bytes(b"x")
+    (root / ".latest.tmp").write_text("step_000002")
+    (root / "latest").write_text("step_000003")
+    clean_partial_checkpoints(root)
+    # the half-written step 2 is gone; step 3, moved aside by a re-save killed before the new copy arrived,
+    # is back under its name; a moved-aside copy of a step that is complete is deleted
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000001", "step_000003"]
+    assert latest_checkpoint(root) == root / "step_000003"
+
+
+@pytest.mark.slow
+def test_random_sigkills_every_resume_finishes_nothing_lost_nothing_doubled(tmp_path, models):
+    """The reliability figure: a short complementary run SIGKILLed at N random moments (rollouts, learner,
+    extractor, merge, checkpoint writes), each time found dead and resumed. Then: it finishes, every step's
+    metrics and episodes are stored exactly once, no entry seen before a kill is gone, no temp folder is left."""
+    import random
+
+    rng = random.Random(26)
+    n_kills, steps = 5, 12  # a step of this tiny run takes about a second: 12 leave room for 5 kills
+    data = tmp_path / "data"
+    cfg = write_config(tmp_path / "c.yaml", models, steps=steps)
+    store, run_id, kills, entries_seen, closing = None, None, 0, set(), False
+
+    def start(*args: str) -> subprocess.Popen:
+        log = (tmp_path / f"attempt{kills}.log").open("w")  # a file, not a pipe nobody reads while we wait
+        return subprocess.Popen([sys.executable, "-m", "app.cli", "train", *args, "--data-dir", str(data)], cwd=ROOT,
+                                env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+    killed_at = []  # (step the row showed, newest checkpoint) at each kill
+    p = start(str(cfg))
+    for _ in range(n_kills):
+        deadline = time.time() + 300
+        log = tmp_path / f"attempt{kills}.log"
+        # Odd attempts die while starting (models loaded, embedder and envs coming up), even ones once they are
+        # training (a step done, then a random moment of the next steps).
+        marker = "actor back end" if kills % 2 else "] step "
+        while p.poll() is None and time.time() < deadline:  # until this attempt is that far and owns the row
+            time.sleep(0.2)
+            if marker in log.read_text(errors="replace") and (data / "workbench.db").exists():
+                store = store or ExperienceStore(f"sqlite:///{data / 'workbench.db'}")
+                runs = store.list_runs()
+                if runs and runs[0]["pid"] == p.pid and runs[0]["status"] == "running":
+                    run_id = runs[0]["id"]
+                    break
+        time.sleep(rng.uniform(0.0, 2.5))  # a random moment of rollouts, learner, extractor, merge or a save
+        if p.poll() is not None:
+            break  # the run finished before this kill
+        # the tiny random extractor rarely writes a parseable entry: a person's edit made while the run is live
+        # stands in for "an entry written before the kill", which no resume may drop
+        store.add_entry(f"written while attempt {kills} ran", env="minihack/Room-5x5", task="t", actor="human")
+        entries_seen |= {e.id for e in store.list_entries(status=None, limit=10**6).entries}
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(timeout=60)
+        if store.get_run(run_id)["status"] == "finished":
+            closing = True  # it had written "finished" and was closing down: nothing left to resume
+            break
+        kills += 1
+        ck = Path(store.get_run(run_id)["checkpoint_dir"]) / "latest"
+        killed_at.append((store.get_run(run_id)["step"], ck.read_text() if ck.exists() else None))
+        assert store.get_run(run_id)["status"] == "running"  # what a killed trainer leaves behind ...
+        assert store.reap_dead_runs() == [run_id]  # ... until someone looks
+        assert store.get_run(run_id)["error"].startswith(f"died: process {p.pid}")
+        p = start("--resume", str(run_id))
+    assert p.wait(timeout=900) == (-signal.SIGKILL if closing else 0), (tmp_path / f"attempt{kills}.log").read_text()[-3000:]
+    run = store.get_run(run_id)
+    assert run["status"] == "finished" and run["step"] == steps
+    points = [(k, s) for _, k, s, _, _ in store.metrics_since(run_id)]
+    duplicated = len(points) - len(set(points))
+    episodes = store.list_trajectories(run_id=run_id, limit=10**6)
+    per_step = {s: sum(t["step"] == s for t in episodes) for s in range(1, steps + 1)}
+    lost = entries_seen - {e.id for e in store.list_entries(status=None, limit=10**6).entries}
+    temp = [q.name for q in Path(run["checkpoint_dir"]).iterdir() if q.name.startswith(".")]
+    print(f"\nkills survived/tried {kills}/{kills}; duplicated metric points {duplicated}; "
+          f"episodes per step {per_step}; entries lost {len(lost)} of {len(entries_seen)}; temp folders {temp}; "
+          f"killed at (step, checkpoint) {killed_at}")
+    assert kills >= 3 and len({s for s, _ in killed_at}) >= 2  # the random moments landed at different points of the run
+    assert duplicated == 0 and not lost and temp == []
+    assert per_step == {s: 4 for s in range(1, steps + 1)}  # tasks_per_step 1 x group_size 4, each stored once
+    assert {s for k, s in points if k == "policy/success_without_exp"} == set(range(1, steps + 1))

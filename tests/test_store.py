@@ -239,3 +239,72 @@ def test_values_at_the_limits_are_stored_on_every_backend(store):
     assert store.get(eid).created_step == 2**31 - 1 and store.get(eid).text == "ünïcödé \u2028 \u0085 text"
     assert store.get_run(run)["name"] == "n" * 256 and store.latest_metrics(run) == {"k" * 128: -1.5}
     assert store.list_trajectories(run_id=run)[0]["seed"] == 2**31 - 1
+
+
+# -- resume bookkeeping and dead runs ------------------------------------------------------------------------
+
+
+def test_metrics_once_per_step_and_key_and_resume_drops_what_lies_past_the_checkpoint(store):
+    run = store.create_run("r")
+    for step in (1, 2, 3):
+        store.log_metrics(run, step, {"a": step, "b": -step})
+        store.add_trajectories([{"run_id": run, "step": step, "env": "e", "task": "t", "seed": i} for i in range(2)])
+    store.log_metrics(run, 3, {"a": 30.0})  # the same step logged again (a re-evaluation): superseded, not added
+    rows = store.metrics_since(run)
+    assert sorted((k, s) for _, k, s, _, _ in rows) == [("a", 1), ("a", 2), ("a", 3), ("b", 1), ("b", 2), ("b", 3)]
+    assert store.latest_metrics(run)["a"] == 30.0
+    other = store.create_run("another run, untouched")
+    store.log_metrics(other, 5, {"a": 1.0})
+    assert store.drop_after_step(run, 1) == {"metrics": 4, "episodes": 4}  # a resume from the step-1 checkpoint
+    assert {s for _, _, s, _, _ in store.metrics_since(run)} == {1}
+    assert {t["step"] for t in store.list_trajectories(run_id=run)} == {1}
+    assert len(store.metrics_since(other)) == 1
+
+
+def test_dead_runs_are_reaped_with_the_end_of_their_log(store, tmp_path):
+    import os
+    import socket
+    import time
+
+    from core.store import HEARTBEAT_STALE_S
+
+    log = tmp_path / "train.log"
+    log.write_text("".join(f"line {i}\n" for i in range(100)) + "Traceback: the last words\n")
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid that existed and is gone now
+    killed = store.create_run("killed", status="running", log_path=str(log))
+    store.update_run(killed, pid=gone.pid, host=socket.gethostname(), heartbeat_at=time.time())
+    silent = store.create_run("silent on another machine", status="paused")
+    store.update_run(silent, pid=12345, host="elsewhere", heartbeat_at=time.time() - HEARTBEAT_STALE_S - 5)
+    alive = store.create_run("alive", status="running")
+    store.update_run(alive, pid=os.getpid(), host=socket.gethostname(), heartbeat_at=time.time())
+    launching = store.create_run("being launched", status="created")  # no pid yet: its launcher's business
+    finished = store.create_run("done", status="finished")
+    store.update_run(finished, pid=gone.pid, host=socket.gethostname())
+    assert sorted(store.reap_dead_runs()) == [killed, silent]
+    k = store.get_run(killed)
+    assert k["status"] == "failed" and k["pid"] is None and k["ended_at"]
+    assert k["error"].startswith(f"died: process {gone.pid}") and k["error"].endswith("Traceback: the last words")
+    assert "line 99" in k["error"] and "line 10\n" not in k["error"]  # the end of the log, not all of it
+    assert store.get_run(silent)["error"].startswith("died: no heartbeat from process 12345 on elsewhere")
+    assert [store.get_run(i)["status"] for i in (alive, launching, finished)] == ["running", "created", "finished"]
+    assert store.reap_dead_runs() == []
+
+
+def test_columns_added_since_a_database_was_made_are_added_on_open(db_url):
+    from sqlalchemy import create_engine, text
+
+    s = ExperienceStore(db_url)
+    s.create_run("old")
+    s.close()
+    eng = create_engine(db_url)
+    with eng.begin() as c:  # the runs table as released before host/heartbeat_at existed
+        c.execute(text("ALTER TABLE runs DROP COLUMN heartbeat_at"))
+        c.execute(text("ALTER TABLE runs DROP COLUMN host"))
+    eng.dispose()
+    s = ExperienceStore(db_url)
+    r = s.get_run(s.list_runs()[0]["id"])
+    assert r["name"] == "old" and r["heartbeat_at"] is None and r["host"] == ""
+    s.heartbeat(r["id"])
+    assert s.get_run(r["id"])["heartbeat_at"] > 0
+    s.close()

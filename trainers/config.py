@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from core.config import ConfigError, LibraryConfig, from_dict, load_yaml, to_dict
+from core.config import ConfigError, LibraryConfig, from_dict, load_yaml, safe_load_yaml, to_dict
 from trainers.parsing import OP_BUDGET
 
 VARIANTS = ("grpo", "static", "exp_only", "complementary")
@@ -63,6 +63,13 @@ class EnvSection:
     def __post_init__(self) -> None:
         if not self.names:
             raise ConfigError("env.names must name at least one env, e.g. {minihack/Room-5x5: 1.0}")
+        from envs.registry import ENVS, list_envs
+
+        unknown = [n for n in self.names if n not in ENVS]
+        if unknown:  # else the run starts and every episode "fails" in its worker
+            raise ConfigError(f"env.names: unknown env {unknown[0]!r}; known envs: {', '.join(list_envs())}")
+        if self.max_turns < 0:
+            raise ConfigError(f"env.max_turns must be >= 0 (0 = the env's own limit), not {self.max_turns}")
         if self.task_set < 0:
             raise ConfigError("env.task_set must be >= 0 (0 = a random seed every episode)")
         for n, w in self.names.items():
@@ -95,6 +102,8 @@ class ModelSection:
             raise ConfigError("lr must be > 0, micro_batch and max_new_tokens >= 1, lr_warmup >= 0")
         if not 0 < self.top_p <= 1:
             raise ConfigError("top_p must be within (0, 1]")
+        if self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0, not {self.temperature}")
 
 
 @dataclass
@@ -161,6 +170,14 @@ class ExtractorSection:
     def __post_init__(self) -> None:
         if self.buffer_size < 1 or self.op_budget < 1:
             raise ConfigError("extractor.buffer_size and extractor.op_budget must be >= 1")
+        if self.templates_file:
+            # Read now, not when the extractor first needs it: a missing file would fail the run after it started.
+            from trainers.prompts import load_templates
+
+            try:
+                load_templates(self.templates_file)
+            except (OSError, ValueError, yaml.YAMLError) as e:
+                raise ConfigError(f"extractor.templates_file: {' '.join(str(e).split())}") from None
 
 
 @dataclass
@@ -205,13 +222,14 @@ def load_run_config(source: str | os.PathLike[str] | dict[str, Any], *, override
     """From a YAML path, a YAML string, or a dict; `overrides` is a nested dict applied on top."""
     if isinstance(source, dict):
         data = dict(source)
-    elif isinstance(source, os.PathLike) or (isinstance(source, str) and "\n" not in source and source.endswith((".yaml", ".yml"))):
+    elif isinstance(source, os.PathLike) or (isinstance(source, str) and "\n" not in source and (
+            source.endswith((".yaml", ".yml", "/")) or Path(source).exists())):  # a path, not YAML text (a folder too: named)
         data = load_yaml(source)
     else:
         try:
-            data = yaml.safe_load(source) or {}
+            data = safe_load_yaml(source) or {}
         except yaml.YAMLError as e:
-            raise ConfigError(f"the config is not valid YAML: {e}") from None
+            raise ConfigError(f"the config is not valid YAML: {' '.join(str(e).split())}") from None
         if not isinstance(data, dict):
             raise ConfigError("the config must be a mapping of sections (run, env, actor, rollout, loss, extractor, library)")
     if overrides:
@@ -279,6 +297,22 @@ def resolve_model_path(path: str, data_dir: str | os.PathLike[str]) -> str:
     if path.startswith(EMBEDDED_PREFIX):
         return str(Path(data_dir) / "models" / path[len(EMBEDDED_PREFIX):])
     return path
+
+
+def check_model_paths(cfg: "RunConfig", data_dir: str | os.PathLike[str]) -> None:
+    """Refuse, before a run row exists, a model folder that is not there. `embedded:` models are built on
+    first use, so only given paths are checked."""
+    fields = [("actor.path", cfg.actor.path)]
+    if cfg.uses_experience:
+        fields.append(("extractor.model.path", cfg.extractor.model.path))
+    for name, path in fields:
+        if path.startswith(EMBEDDED_PREFIX):
+            continue
+        folder = Path(resolve_model_path(path, data_dir))
+        if not (folder / "config.json").is_file():
+            what = "does not exist" if not folder.exists() else "is not a Hugging Face model folder (no config.json)"
+            raise ConfigError(f"{name}: {folder} {what}; point it at a model folder, or use embedded:policy / "
+                              f"embedded:extractor (built by `comprl models init`)")
 
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"

@@ -21,6 +21,7 @@ import os
 import random
 import shutil
 import signal
+import socket
 import sys
 import threading
 import time
@@ -31,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from core.store import ExperienceStore
+from core.store import HEARTBEAT_S, LIVE_STATUSES, ExperienceStore
 from trainers.config import RunConfig, dump_run_config
 
 KEEP_CHECKPOINTS = 2
@@ -69,7 +70,14 @@ class RunContext:
                 store.close()
                 raise ValueError(f"run {fork} has no checkpoint to fork from yet")
         if resume is not None:
-            store.get_run(resume)
+            # A run whose trainer died still says "running": notice that first, and refuse to start a second
+            # trainer on a run whose first one is alive (two writers of one checkpoint folder).
+            store.reap_dead_runs()
+            prev = store.get_run(resume)
+            if prev["status"] in LIVE_STATUSES:
+                store.close()
+                raise ValueError(f"run {resume} is still {prev['status']} (process {prev['pid']} on {prev['host'] or '?'}); "
+                                 f"stop it first (comprl's workbench, or kill {prev['pid']})")
             run_id = resume
         elif run_id is None:
             run_id = store.create_run(cfg.run.name, variant=cfg.run.variant, env=env_label, config=dump_run_config(cfg),
@@ -80,11 +88,27 @@ class RunContext:
                              **({"parent_run_id": fork} if fork is not None else {}))
         run_dir = data_dir / "runs" / str(run_id)
         run_dir.mkdir(parents=True, exist_ok=True)
-        store.update_run(run_id, status="running", pid=os.getpid(), checkpoint_dir=str(run_dir / "checkpoints"), error="",
-                         ended_at=None)
+        clean_partial_checkpoints(run_dir / "checkpoints")
+        store.update_run(run_id, status="running", pid=os.getpid(), host=socket.gethostname()[:256],
+                         heartbeat_at=time.time(), checkpoint_dir=str(run_dir / "checkpoints"), error="", ended_at=None)
         ctx = cls(cfg, store, run_id, data_dir, run_dir, fork_from=fork_from)
         ctx._install_signals()
+        ctx._start_heartbeat()
         return ctx
+
+    def _start_heartbeat(self) -> None:
+        """A daemon thread that stamps the run's row every HEARTBEAT_S: how a killed trainer is told from a
+        slow one (a CPU step takes minutes, so the step's own writes are too far apart)."""
+        self._beat_stop = threading.Event()
+
+        def beat() -> None:
+            while not self._beat_stop.wait(HEARTBEAT_S):
+                try:
+                    self.store.heartbeat(self.run_id)
+                except Exception:  # noqa: BLE001 - a busy database skips a beat; the next one comes in 5 s
+                    pass
+
+        threading.Thread(target=beat, name="heartbeat", daemon=True).start()
 
     # -- signals and commands ----------------------------------------------------------------------
 
@@ -145,17 +169,24 @@ class RunContext:
         """models: name -> backend with .save(path); state: picklable (optimisers' state_dicts, buffers …)."""
         root = self.ckpt_root
         root.mkdir(parents=True, exist_ok=True)
+        clean_partial_checkpoints(root)
         final = root / f"step_{step:06d}"
         tmp = root / f".tmp_step_{step:06d}_{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         for name, backend in models.items():
             backend.save(tmp / name)
         full = {**state, "step": step, "rng": rng_state(), "library_version": self.store.library_version(),
                 "saved_at": time.time()}
         torch.save(full, tmp / "state.pt")
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
+        if final.exists():
+            # The end-of-run re-save of a step already saved: move the old copy aside before the new one takes
+            # its name, so a kill between the two renames leaves a complete step_N (.old_ is restored on open).
+            old = root / f".old_step_{step:06d}_{os.getpid()}"
+            final.rename(old)
+            tmp.rename(final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(final)
         latest_tmp = root / ".latest.tmp"
         latest_tmp.write_text(final.name)
         latest_tmp.replace(root / "latest")
@@ -169,19 +200,44 @@ class RunContext:
 
     def load_state(self) -> dict[str, Any] | None:
         ck = self.latest_checkpoint()
-        if ck is None:
-            return None
-        state = torch.load(ck / "state.pt", weights_only=False)
-        set_rng_state(state["rng"])
-        self.start_step = int(state["step"])
+        state = None
+        if ck is not None:
+            state = torch.load(ck / "state.pt", weights_only=False)
+            set_rng_state(state["rng"])
+            self.start_step = int(state["step"])
+        # Steps past the checkpoint are about to be redone: what a killed earlier attempt logged for them
+        # goes, so each (step, key) and each episode is stored once (a fresh run has nothing to drop).
+        dropped = self.store.drop_after_step(self.run_id, self.start_step)
+        if any(dropped.values()):
+            print(f"run {self.run_id}: dropped {dropped['metrics']} metric points and {dropped['episodes']} episodes "
+                  f"logged past step {self.start_step} by the attempt that was interrupted", flush=True)
         return state
 
     # -- the end ------------------------------------------------------------------------------------
 
     def finish(self, status: str, error: str = "") -> None:
+        if getattr(self, "_beat_stop", None) is not None:
+            self._beat_stop.set()
         self.store.update_run(self.run_id, status=status, error=error[-4000:], ended_at=time.time(), pid=None)
         print(f"run {self.run_id} {status}{': ' + error.splitlines()[-1] if error else ''}", file=sys.stderr if error else sys.stdout,
               flush=True)
+
+
+def clean_partial_checkpoints(root: Path) -> None:
+    """Undo what a kill during save_checkpoint left: half-written `.tmp_step_*` folders (each a full model
+    copy) are deleted; a `.old_step_N` moved aside for a re-save is put back if step_N never arrived."""
+    if not root.is_dir():
+        return
+    for old in root.glob(".old_step_*"):
+        final = root / ("step_" + old.name[len(".old_step_"):].split("_")[0])
+        if (final / "state.pt").exists():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            shutil.rmtree(final, ignore_errors=True)
+            old.rename(final)
+    for tmp in root.glob(".tmp_step_*"):
+        shutil.rmtree(tmp, ignore_errors=True)
+    (root / ".latest.tmp").unlink(missing_ok=True)
 
 
 def latest_checkpoint(root: Path) -> Path | None:

@@ -85,9 +85,11 @@ def load_templates(path: str | None) -> Templates:
     if not path:
         return t
     p = Path(path)
-    if not p.exists():
-        raise ValueError(f"templates file {p} does not exist")
+    if not p.is_file():
+        raise ValueError(f"templates file {p} {'is a folder' if p.is_dir() else 'does not exist'}; give a YAML file")
     data = yaml.safe_load(p.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"templates file {p} must be a mapping of template name -> text")
     unknown = sorted(set(data) - set(TEMPLATE_NAMES))
     if unknown:
         raise ValueError(f"unknown template {unknown[0]!r} in {p}; known: {', '.join(TEMPLATE_NAMES)}")
