@@ -12,10 +12,19 @@ Sandbox (what running a command guarantees): each test or script run is a subpro
 process group with a wall-clock timeout (the whole group is killed), an address-space cap
 (RLIMIT_AS), a file-size cap (RLIMIT_FSIZE), a scrubbed environment (no proxies, HOME in the
 episode's temp dir) and, where `unshare -rn` works, an empty network namespace (no interface but a
-down loopback); where it does not, a `sitecustomize` socket guard refuses internet connections from
-Python. File commands cannot leave the working copy; a *script* could still read other files of
-this machine (there is no filesystem jail), so the held-out tests are hidden, not secret. The judge
-ignores conftest.py files, pytest config files and a `pytest.py` the agent leaves in its tree.
+down loopback) and its own PID namespace: the run is PID 1 of it, so when it ends or is killed the
+kernel kills everything it started, `setsid` grandchildren included, and no process of the host can be
+seen or signalled. Where unshare does not work, a `sitecustomize` socket guard refuses internet
+connections from Python and the process group is all that is killed. When the env runs as root, agent
+code runs as the unprivileged user `nobody` (uid 65534), which owns only the episode's copy, may not
+write anywhere else a normal user may not, and has at most SANDBOX_MAX_PROCS processes at once.
+Every timeout stays inside the env pool's per-step limit (STEP_BUDGET_S), so a worker is never killed
+under a running pytest. File commands cannot leave the working copy and never follow a symlink (a link
+the agent plants is listed but not read through; the judge's copy keeps links as links). A *script*
+could still read world-readable files of this machine (there is no filesystem jail), so the held-out
+tests are hidden, not secret. The judge ignores conftest.py files, pytest config files and a
+`pytest.py` the agent leaves in its tree. Not capped per tree: memory (RLIMIT_AS is per process) and
+disk (RLIMIT_FSIZE is per file); that needs cgroups, not used here.
 """
 from __future__ import annotations
 
@@ -42,6 +51,9 @@ from envs.base import EnvError
 
 TASKS_DIR = Path(__file__).resolve().parent.parent / "assets" / "swe_tasks"
 MAX_OUTPUT_CHARS = 4000  # an observation longer than this is cut, keeping both ends
+STEP_BUDGET_S = 30.0  # envs/pool.py's default step_timeout_s: a command must end (and be killed) inside it
+SANDBOX_UID = 65534  # nobody: who runs agent code when the env itself runs as root
+SANDBOX_MAX_PROCS = 64  # processes of that uid at once (RLIMIT_NPROC counts per user: with its own uid, per tree)
 HIDDEN_NAMES = {"__pycache__", ".pytest_cache", ".git"}
 
 ACTION_FORMAT = (
@@ -105,6 +117,21 @@ def _unshare_works() -> bool:
         return False
 
 
+@functools.lru_cache(maxsize=4)
+def _uid_can_run(uid: int, exe: str) -> bool:
+    """Whether `uid` can start `exe` (every folder on the way to it and its library must be searchable)."""
+    def drop() -> None:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+
+    try:
+        return subprocess.run([exe, "-c", "pass"], preexec_fn=drop, capture_output=True, timeout=60,
+                              cwd="/").returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
 @dataclass
 class RunResult:
     returncode: int
@@ -115,12 +142,19 @@ class RunResult:
 class Sandbox:
     """Runs argv in a directory under a timeout, memory cap and without network (see module doc)."""
 
-    def __init__(self, timeout_s: float = 20.0, memory_mb: int = 1024, file_mb: int = 64):
+    def __init__(self, timeout_s: float = 20.0, memory_mb: int = 1024, file_mb: int = 64, python: str | None = None):
+        self.python = python or sys.executable  # the interpreter agent scripts and tests run with
         self.timeout_s = timeout_s
         self.memory_mb = memory_mb
         self.file_mb = file_mb
         self.network_isolation = "unshare" if _unshare_works() else "socket-guard"
-        self._guard_dir = Path(tempfile.mkdtemp(prefix="swe_guard_"))
+        # Root hands agent code to an unprivileged uid (anyone else already is one), if that uid can run this
+        # interpreter at all: one installed under /root (mode 700) cannot be, and then code runs as root, still
+        # in its own PID namespace (no host process visible), but able to write where root can.
+        self.uid: int | None = SANDBOX_UID if os.geteuid() == 0 and _uid_can_run(SANDBOX_UID, self.python) else None
+        sweep_stale_temp_dirs()
+        self._guard_dir = Path(tempfile.mkdtemp(prefix=f"swe_guard_{os.getpid()}_"))
+        self._guard_dir.chmod(0o755)  # readable by the sandbox user, or its Python would skip the guard silently
         (self._guard_dir / "sitecustomize.py").write_text(_SOCKET_GUARD)
         # Removed when the sandbox is closed or garbage-collected, whichever comes first.
         self._finalizer = weakref.finalize(self, shutil.rmtree, str(self._guard_dir), True)
@@ -132,10 +166,15 @@ class Sandbox:
         fsize = self.file_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if self.uid is not None:
+            resource.setrlimit(resource.RLIMIT_NPROC, (SANDBOX_MAX_PROCS, SANDBOX_MAX_PROCS))
+            os.setgroups([])
+            os.setgid(self.uid)
+            os.setuid(self.uid)  # last: after it nothing here may raise a limit again
 
     def env(self, home: Path) -> dict[str, str]:
         return {
-            "PATH": os.path.dirname(sys.executable) + os.pathsep + "/usr/bin:/bin",
+            "PATH": os.path.dirname(self.python) + os.pathsep + "/usr/bin:/bin",
             "HOME": str(home),
             "LANG": "C.UTF-8",
             "PYTHONPATH": str(self._guard_dir),
@@ -146,9 +185,27 @@ class Sandbox:
             "NO_PROXY": "*",
         }
 
-    def run(self, argv: list[str], cwd: Path, timeout_s: float | None = None) -> RunResult:
+    def hand_over(self, top: Path, keep: Path | None = None) -> None:
+        """Make `top` (the episode's folder: HOME and the copies) the sandbox user's, except `keep`."""
+        if self.uid is None:
+            return
+        for dirpath, dirnames, filenames in os.walk(top):
+            d = Path(dirpath)
+            if keep is not None and (d == keep or keep in d.parents):
+                dirnames[:] = []
+                continue
+            os.lchown(d, self.uid, self.uid)
+            for name in filenames + [n for n in dirnames if (d / n).is_symlink()]:
+                os.lchown(d / name, self.uid, self.uid)
+
+    def run(self, argv: list[str], cwd: Path, timeout_s: float | None = None, keep: Path | None = None) -> RunResult:
+        """Run argv in `cwd` (its parent is HOME and is handed to the sandbox user, but for `keep`)."""
         if self.network_isolation == "unshare":
-            argv = ["unshare", "-rn", *argv]
+            # -r: a user namespace; -n: no network; --pid --fork: the command is PID 1 of its own namespace;
+            # --kill-child: if unshare dies (our SIGKILL on timeout), so does that PID 1, and with it the kernel
+            # kills every process of the namespace, wherever it moved its session or group.
+            argv = ["unshare", "-rn", "--pid", "--fork", "--kill-child", *argv]
+        self.hand_over(cwd.parent, keep)
         timeout = timeout_s or self.timeout_s
         proc = subprocess.Popen(argv, cwd=cwd, env=self.env(cwd.parent), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=self._limits,
@@ -198,11 +255,14 @@ class Workspace:
         return p.relative_to(self.root).as_posix()
 
     def files(self, under: Path | None = None) -> list[Path]:
+        """Regular files under `under`; symlinks are skipped (a planted link to /etc/passwd is not a file of
+        the repository), and so are links to folders (os.walk does not descend into them)."""
         base = under or self.root
         out = []
         for dirpath, dirnames, filenames in os.walk(base):
             dirnames[:] = sorted(d for d in dirnames if d not in HIDDEN_NAMES)
-            out += [Path(dirpath) / f for f in sorted(filenames) if not f.endswith(".pyc")]
+            out += [Path(dirpath) / f for f in sorted(filenames)
+                    if not f.endswith(".pyc") and not (Path(dirpath) / f).is_symlink()]
         return out
 
     def ls(self, rel: str = ".") -> str:
@@ -341,7 +401,29 @@ def load_local_tasks(tasks_dir: str | Path | None = None) -> list[SweTask]:
 
 
 def _copy_tree(src: Path, dst: Path) -> None:
-    shutil.copytree(src, dst, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*HIDDEN_NAMES, "*.pyc"))
+    # symlinks=True: links are copied as links, never followed (a link to / or a loop would copy the
+    # machine or recurse until RecursionError)
+    shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*HIDDEN_NAMES, "*.pyc"))
+
+
+def sweep_stale_temp_dirs() -> int:
+    """Remove episode and guard folders (`swe_ep_<pid>_*`, `swe_guard_<pid>_*`) of processes that are gone: a
+    pool worker killed on a timeout never runs its finalizers. Returns how many were removed."""
+    n = 0
+    for d in Path(tempfile.gettempdir()).glob("swe_[eg][pu]*_*_*"):
+        parts = d.name.split("_")
+        if len(parts) < 4 or parts[1] not in ("ep", "guard") or not parts[2].isdigit():
+            continue
+        try:
+            os.kill(int(parts[2]), 0)
+            continue  # its owner is alive
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        n += 1
+    return n
 
 
 # ---------------------------------------------------------------------------------------------
@@ -393,9 +475,9 @@ class LocalTasks:
         # pytest.ini / pyproject.toml / setup.cfg it left. The tree is then put on the path for the imports.
         ini = scratch / "judge.ini"
         ini.write_text("[pytest]\n")
-        argv = [sys.executable, "-P", *_PYTEST, "--noconftest", "-c", str(ini), "--rootdir", str(judge),
+        argv = [sandbox.python, "-P", *_PYTEST, "--noconftest", "-c", str(ini), "--rootdir", str(judge),
                 "-o", f"pythonpath={judge}", "_heldout_tests"]
-        res = sandbox.run(argv, judge, timeout)
+        res = sandbox.run(argv, judge, timeout, keep=held)  # the held-out tests stay root's: read, not rewritten
         shutil.rmtree(judge, ignore_errors=True)
         passed = res.returncode == 0 and not res.timed_out
         return passed, res.output
@@ -407,12 +489,17 @@ class SweEnv:
     action_format = ACTION_FORMAT
 
     def __init__(self, name: str, source: Any, max_turns: int = 30, command_timeout: float = 20.0,
-                 test_timeout: float = 60.0, memory_mb: int = 1024):
+                 test_timeout: float = 25.0, memory_mb: int = 1024, python: str | None = None):
+        for what, t in (("command_timeout", command_timeout), ("test_timeout", test_timeout)):
+            # A command longer than the pool's step limit gets its worker killed under it, orphaning its tree.
+            if not 0 < t <= STEP_BUDGET_S - 5:
+                raise EnvError(f"{name}: {what} {t:g} s must be within (0, {STEP_BUDGET_S - 5:g}] s, inside the env "
+                               f"pool's {STEP_BUDGET_S:g} s step limit")
         self.name = name
         self.source = source
         self.max_turns = int(max_turns)
         self.test_timeout = test_timeout
-        self.sandbox = Sandbox(timeout_s=command_timeout, memory_mb=memory_mb)
+        self.sandbox = Sandbox(timeout_s=command_timeout, memory_mb=memory_mb, python=python)
         self.task = ""
         self.turns = 0
         self.done = False
@@ -426,7 +513,7 @@ class SweEnv:
         if seed is None:
             seed = self._rng.randrange(2**31)
         self._cleanup()
-        self._tmp = Path(tempfile.mkdtemp(prefix="swe_ep_"))
+        self._tmp = Path(tempfile.mkdtemp(prefix=f"swe_ep_{os.getpid()}_"))
         self._tmp_finalizer = weakref.finalize(self, shutil.rmtree, str(self._tmp), True)
         work = self._tmp / "repo"
         self.task, meta = self.source.prepare(seed, options or {}, work)
@@ -505,7 +592,7 @@ class SweEnv:
             raise CommandError("usage: python <path> [args]")
         if not self.ws.path(args[0]).is_file():
             raise CommandError(f"no such file: {args[0]}")
-        return self._report(self.sandbox.run([sys.executable, *args], self.ws.root), "script", self.sandbox.timeout_s)
+        return self._report(self.sandbox.run([self.sandbox.python, *args], self.ws.root), "script", self.sandbox.timeout_s)
 
     def _cmd_run_tests(self, args: list[str], body: str) -> str:
         if not self.source.offers_run_tests:
@@ -513,7 +600,7 @@ class SweEnv:
                                "use `python <script>` for local checks")
         if not (self.ws.root / "tests").is_dir():
             raise CommandError("this repository has no tests/ folder")
-        res = self.sandbox.run([sys.executable, *_PYTEST, "tests"], self.ws.root, self.test_timeout)
+        res = self.sandbox.run([self.sandbox.python, *_PYTEST, "tests"], self.ws.root, self.test_timeout)
         return self._report(res, "tests", self.test_timeout)
 
     @staticmethod

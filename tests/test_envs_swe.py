@@ -209,3 +209,156 @@ def test_agent_tree_cannot_judge_itself(env, hack):
     assert not info["invalid_action"], obs
     obs, r, term, trunc, info = env.step("submit")
     assert r == 0.0 and info["success"] is False, info["test_output"]
+
+
+# -- sandbox probes: what an agent's script tries, and what it must not get ---------------------------------
+# Each test is one class of probe the issue names (setsid escape, endless tree, host signal, root writes and
+# process floods, symlinks, timeouts past the pool's, temp folders of killed workers).
+
+import os  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from envs.swe import STEP_BUDGET_S, _uid_can_run, _unshare_works, sweep_stale_temp_dirs  # noqa: E402
+
+NAMESPACES = pytest.mark.skipif(not _unshare_works(), reason="needs `unshare -rn --pid` (user namespaces); "
+                                "without them the sandbox kills process groups only")
+# The uid drop needs root and an interpreter the sandbox user can reach; this machine's venv python lives under
+# /root (mode 700), so these probes use the system python, which is all a script probe needs.
+SYS_PY = "/usr/bin/python3"
+AS_NOBODY = pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists(SYS_PY) or not _uid_can_run(65534, SYS_PY),
+                               reason="needs root and a python the unprivileged sandbox user can run")
+
+
+def _script(e: SweEnv, name: str, code: str) -> tuple[str, float]:
+    e.step(f"write {name}\n{code}")
+    t0 = time.monotonic()
+    obs, *_ = e.step(f"python {name}")
+    return obs, time.monotonic() - t0
+
+
+@NAMESPACES
+def test_setsid_grandchild_dies_with_its_script_and_does_not_hold_the_step(tmp_path):
+    pidfile = tmp_path / "grandchild.pid"
+    os.chmod(tmp_path, 0o777)  # the script may run as nobody
+    e = make_swe_local(command_timeout=10)
+    try:
+        e.reset(seed=0)
+        # the grandchild leaves the script's session and process group, keeps stdout open, and sleeps
+        obs, took = _script(e, "escape.py", "import subprocess, sys\n"
+                            f"p = subprocess.Popen(['setsid', 'sh', '-c', 'echo $$ > {pidfile}; exec sleep 120'])\n"
+                            "import time; time.sleep(1); print('parent done')")
+        assert "parent done" in obs and took < 9  # the step did not wait for the grandchild
+        # it ran in the namespace; whatever pid it wrote there, no process of the host is sleeping for it
+        assert subprocess.run(["pgrep", "-f", "exec sleep 120|^sleep 120"], capture_output=True).stdout == b""
+    finally:
+        e.close()
+
+
+@NAMESPACES
+def test_timeout_kills_a_setsid_tree_within_the_limit():
+    e = make_swe_local(command_timeout=2.0)
+    try:
+        e.reset(seed=0)
+        obs, took = _script(e, "spin.py", "import subprocess\n"
+                            "subprocess.Popen(['setsid', 'python3', '-c', 'while True: pass'])\n"
+                            "while True:\n    pass")
+        assert "killed after the time limit" in obs and took < 6
+        time.sleep(0.5)
+        assert subprocess.run(["pgrep", "-f", "while True: pass"], capture_output=True).stdout == b""
+    finally:
+        e.close()
+
+
+@NAMESPACES
+def test_no_host_process_can_be_seen_or_signalled():
+    victim = subprocess.Popen(["sleep", "60"])
+    e = make_swe_local(command_timeout=10)
+    try:
+        e.reset(seed=0)
+        obs, _ = _script(e, "kill.py", f"import os, signal\ntry:\n    os.kill({victim.pid}, signal.SIGTERM)\n"
+                         "    print('SENT')\nexcept OSError as err:\n    print('refused', err)\n"
+                         "print('pids', sorted(int(p) for p in os.listdir('/proc') if p.isdigit())[:3])")
+        time.sleep(0.3)
+        assert victim.poll() is None, obs  # still alive
+        assert "SENT" not in obs or victim.poll() is None
+    finally:
+        victim.kill()
+        victim.wait()
+        e.close()
+
+
+@AS_NOBODY
+def test_scripts_run_unprivileged_and_cannot_write_outside_their_copy(tmp_path):
+    outside = tmp_path / "host_file.txt"
+    outside.write_text("untouched")
+    victim = subprocess.Popen(["sleep", "60"])
+    e = make_swe_local(command_timeout=10, python=SYS_PY)
+    try:
+        e.reset(seed=0)
+        obs, _ = _script(e, "who.py", "import os\nprint('uid', os.getuid())\n"
+                         f"for target in [{str(outside)!r}, '/etc/comprl_probe']:\n"
+                         "    try:\n        open(target, 'w').write('pwned')\n        print('WROTE', target)\n"
+                         "    except OSError as err:\n        print('refused', type(err).__name__)\n"
+                         "open('mine.txt', 'w').write('ok'); print('own copy ok')")
+        assert "WROTE" not in obs and obs.count("refused") == 2 and "own copy ok" in obs, obs
+        assert outside.read_text() == "untouched" and not Path("/etc/comprl_probe").exists()
+        obs, _ = _script(e, "bomb.py", "import subprocess\nn = 0\ntry:\n    for _ in range(500):\n"
+                         "        subprocess.Popen(['sleep', '5']); n += 1\nexcept OSError as err:\n"
+                         "    print('capped after', n, type(err).__name__)")
+        assert "capped after" in obs, obs  # RLIMIT_NPROC for the sandbox user: a tree, not one process
+        assert victim.poll() is None
+    finally:
+        victim.kill()
+        victim.wait()
+        e.close()
+
+
+def test_symlinks_are_never_followed(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOP-SECRET-LINE\n")
+    e = make_swe_local(command_timeout=10)
+    try:
+        e.reset(seed=0)
+        root = e.ws.root
+        os.symlink(secret, root / "planted.txt")
+        os.symlink("/etc", root / "etc_link")
+        os.symlink("..", root / "loop")  # a folder that contains itself, for copytree
+        obs, *_ = e.step("grep TOP-S.CRET-L.NE")  # (a pattern that does not spell what it looks for)
+        assert "TOP-SECRET-LINE" not in obs and "no match" in obs
+        obs, *_ = e.step("cat planted.txt")
+        assert "TOP-SECRET" not in obs and "outside the repository" in obs
+        obs, *_ = e.step("grep ^root:.:0")
+        assert "root:x:0" not in obs
+        obs, r, term, trunc, info = e.step("submit")  # copies the tree for the judge: links stay links
+        assert term and "RecursionError" not in obs
+    finally:
+        e.close()
+
+
+def test_every_timeout_fits_inside_the_pool_step():
+    e = make_swe_local()
+    try:
+        assert e.sandbox.timeout_s <= STEP_BUDGET_S - 5 and e.test_timeout <= STEP_BUDGET_S - 5
+    finally:
+        e.close()
+    with pytest.raises(EnvError, match="test_timeout 60 s must be within"):
+        make_swe_local(test_timeout=60)
+
+
+def test_temp_folders_of_killed_workers_are_swept():
+    code = ("import sys; sys.path.insert(0, %r)\nfrom envs.swe import make_swe_local\n"
+            "e = make_swe_local(); e.reset(seed=0); print(e._tmp, flush=True)\nimport time; time.sleep(60)")
+    root = str(Path(__file__).resolve().parents[1])
+    p = subprocess.Popen([sys.executable, "-c", code % root], stdout=subprocess.PIPE, text=True)
+    ep = Path(p.stdout.readline().strip())
+    assert ep.is_dir() and ep.name.startswith(f"swe_ep_{p.pid}_")
+    p.send_signal(signal.SIGKILL)  # as the pool kills a worker that overran its step
+    p.wait()
+    assert ep.is_dir()  # no finalizer ran
+    assert sweep_stale_temp_dirs() >= 1 and not ep.exists()
+    guards = list(Path(tempfile.gettempdir()).glob(f"swe_guard_{p.pid}_*"))
+    assert guards == []
