@@ -13,6 +13,7 @@ person can act on come back as a message, never as a traceback; `None` in a figu
 from __future__ import annotations
 
 import html
+import math
 import importlib
 import logging
 import os
@@ -35,7 +36,8 @@ import yaml
 from app import views
 from core import library_io, merge
 from core.config import ConfigError, LibraryConfig, default_db_url
-from core.store import ExperienceStore, NewEntry, NotFoundError, StaleWriteError, StoreError
+from core.library_io import MAX_ENTRY_CHARS
+from core.store import INT32, ExperienceStore, NewEntry, NotFoundError, StaleWriteError, StoreError
 from core.types import Experience, Source, Status, format_entry_text
 
 log = logging.getLogger(__name__)
@@ -71,6 +73,30 @@ def trainer_available() -> tuple[bool, str]:
     return True, "trainer available"
 
 
+def whole_number(value: Any, what: str, *, lo: int = 1, hi: int = INT32[1]) -> int:
+    """A number typed or picked in the page, as an int within [lo, hi], else UserInputError naming `what`.
+
+    Every id, version, seed and count from the browser goes through here: a float box (inf, NaN, 1e400), a
+    30-digit string or 2**63 is a message, never "the app raised an exception". The ceiling is the store's
+    (32-bit integer columns: core/store.py INT32)."""
+    if isinstance(value, bool) or value is None:
+        raise UserInputError(f"give {what} as a whole number")
+    if isinstance(value, float):
+        if not math.isfinite(value) or value != int(value):
+            raise UserInputError(f"{what} must be a whole number, not {value}")
+        n = int(value)
+    elif isinstance(value, (int, np.integer)):
+        n = int(value)
+    else:
+        text = str(value).strip().lstrip("#").strip()
+        if not re.fullmatch(r"[+-]?\d{1,40}", text):
+            raise UserInputError(f"{what} must be a whole number, not {str(value)[:40]!r}")
+        n = int(text)
+    if not lo <= n <= hi:
+        raise UserInputError(f"{what} {n} is out of range: it must be from {lo} to {hi}")
+    return n
+
+
 def parse_ids(text: str | Sequence[int] | None) -> list[int]:
     """'3, 7 12' or [3, 7, 12] -> [3, 7, 12] (order kept, repeats dropped)."""
     if text is None:
@@ -80,10 +106,9 @@ def parse_ids(text: str | Sequence[int] | None) -> list[int]:
     for p in parts:
         if p in ("", None):
             continue
-        try:
-            i = int(str(p).lstrip("#"))
-        except ValueError:
-            raise UserInputError(f"{p!r} is not an entry id; give ids as numbers separated by commas") from None
+        if not re.fullmatch(r"#?\d+", str(p).strip()):
+            raise UserInputError(f"{p!r} is not an entry id; give ids as numbers separated by commas")
+        i = whole_number(p, "entry id")
         if i not in out:
             out.append(i)
     return out
@@ -97,14 +122,14 @@ def parse_seeds(text: str) -> list[int]:
             continue
         m = re.fullmatch(r"(-?\d+)\s*(?:-|\.\.)\s*(-?\d+)", part)
         if m:
-            a, b = int(m.group(1)), int(m.group(2))
+            a, b = (whole_number(g, "seed", lo=INT32[0]) for g in m.groups())
             if b < a:
                 raise UserInputError(f"seed range {part!r} runs backwards; write it low-high")
             if b - a + 1 > MAX_SEEDS:
                 raise UserInputError(f"seed range {part!r} has more than {MAX_SEEDS} seeds")
             seeds.extend(range(a, b + 1))
         elif re.fullmatch(r"-?\d+", part):
-            seeds.append(int(part))
+            seeds.append(whole_number(part, "seed", lo=INT32[0]))
         else:
             raise UserInputError(f"{part!r} is not a seed; write seeds like '0-19' or '1, 2, 5'")
     if not seeds:
@@ -161,6 +186,7 @@ class MetricCache:
         self._runs: OrderedDict[int, float] = OrderedDict()  # run -> time of its last pull (LRU order)
         self._locks: dict[int, threading.Lock] = {}
         self._lock = threading.Lock()
+        self._reset_seen: dict[int, float | None] = {}  # run -> its metrics_reset_at when its series were read
 
     def pull(self, run_id: int, keys: Sequence[str]) -> int:
         with self._lock:
@@ -170,6 +196,14 @@ class MetricCache:
             if time.monotonic() - last < PULL_INTERVAL_S and all(
                     self._series.get((run_id, k), _History(complete=True)).complete for k in keys):
                 return 0
+            # Metric rows are append-only except when a resume drops the steps it redoes or a value is logged
+            # again: then the run's series are read afresh (ids may even be reused by SQLite).
+            reset = self.store.metrics_reset_at(run_id)
+            if self._reset_seen.get(run_id) != reset:
+                with self._lock:
+                    for key in [key for key in self._series if key[0] == run_id]:
+                        del self._series[key]
+                self._reset_seen[run_id] = reset
             n = 0
             for k in keys:
                 h = self._series.get((run_id, k))
@@ -191,6 +225,7 @@ class MetricCache:
                 self._runs.move_to_end(run_id)
                 while len(self._runs) > self.max_runs:
                     old, _ = self._runs.popitem(last=False)
+                    self._reset_seen.pop(old, None)
                     for key in [key for key in self._series if key[0] == old]:
                         del self._series[key]
             return n
@@ -207,6 +242,7 @@ class _Smoothed:
     smooth: _Grow = field(default_factory=_Grow)
     state: tuple[float, int] = (0.0, 0)
     weight: float = -1.0
+    source: Any = None  # the _History it smooths: a new one (the run's series re-read) starts it over
 
     def catch_up(self, values: np.ndarray, weight: float) -> int:
         """Smooth the points past `n` (all of them again when the weight changed); returns how many were new."""
@@ -310,6 +346,7 @@ class Workbench:
         self.upload_cap_bytes = int(upload_cap_mb * 1024 * 1024)
         self._embedder = embedder
         self._manager = None
+        self._checker = None  # envs/entry_check.py, built on the first recurring-task entry shown
         self._manager_lock = threading.Lock()
         self._max_sessions = max_sessions
         self.metrics = MetricCache(self.store)
@@ -331,6 +368,8 @@ class Workbench:
             self._plays.clear()
         if self._manager is not None:
             self._manager.close()
+        if self._checker is not None:
+            self._checker.close()
         self.store.close()
 
     # -- the header ------------------------------------------------------------------------------
@@ -368,6 +407,7 @@ class Workbench:
 
     def runs_table(self) -> pd.DataFrame:
         self.reap_processes()
+        self.store.reap_dead_runs()  # a trainer killed anywhere (not only one we started) shows as died
         runs = self.store.list_runs()
         latest = {r["id"]: self.store.latest_metrics(r["id"]) for r in runs[:200]}
         return views.runs_table(runs, latest)
@@ -432,6 +472,7 @@ class Workbench:
     def launch_run(self, text: str, max_steps: float | int | None = None) -> str:
         """Create the run's row (so it is listed at once), then start `comprl train CONFIG --run-id ID`."""
         try:
+            steps = _max_steps(max_steps)
             cfg = self.check_config(text)
         except UserInputError as e:
             return _err(str(e))
@@ -442,14 +483,16 @@ class Workbench:
         run_id = self.store.create_run(cfg.run.name, variant=cfg.run.variant, env=",".join(cfg.env.names), config=text,
                                        status="created", log_path=str(log_path))
         args = ["train", str(cfg_path), "--run-id", str(run_id)]
-        if max_steps:
-            args += ["--max-steps", str(int(max_steps))]
+        if steps:
+            args += ["--max-steps", str(steps)]
         launched = self._spawn("run", args, log_path.name, run_id=run_id)
         return _ok(f"launched run {run_id} (process {launched.proc.pid}); log: {log_path}")
 
-    def _launchable_run(self, run_id: Any) -> tuple[int | None, str]:
-        """(run id, "") when `run_id` names a stored run and a trainer can be started, else (None, why)."""
+    def _launchable_run(self, run_id: Any, max_steps: Any = None) -> tuple[int | None, str]:
+        """(run id, "") when `run_id` names a stored run, `max_steps` is empty or a step count, and a trainer
+        can be started, else (None, why)."""
         try:
+            _max_steps(max_steps)
             rid = self._run_id(run_id)
         except (UserInputError, StoreError) as e:
             return None, str(e)
@@ -458,7 +501,7 @@ class Workbench:
 
     def resume_run(self, run_id: Any, max_steps: float | int | None = None) -> str:
         """Continue a run from its latest checkpoint (`comprl train --resume ID`, with its stored config)."""
-        rid, why = self._launchable_run(run_id)
+        rid, why = self._launchable_run(run_id, max_steps)
         if rid is None:
             return _err(why)
         run = self.store.get_run(rid)
@@ -466,7 +509,7 @@ class Workbench:
             return _err(f"run {rid} is still {run['status']} (process {run['pid']}); stop it first")
         args = ["train", "--resume", str(rid)]
         if max_steps:
-            args += ["--max-steps", str(int(max_steps))]
+            args += ["--max-steps", str(_max_steps(max_steps))]
         stamp = time.strftime("%Y%m%d-%H%M%S")
         launched = self._spawn("run", args, f"train-{rid}-resume-{stamp}.log", run_id=rid)
         self.store.update_run(rid, log_path=str(launched.log_path))
@@ -474,7 +517,7 @@ class Workbench:
 
     def fork_run(self, run_id: Any, max_steps: float | int | None = None) -> str:
         """A new run that starts from another run's latest checkpoint (`comprl train --fork ID`)."""
-        rid, why = self._launchable_run(run_id)
+        rid, why = self._launchable_run(run_id, max_steps)
         if rid is None:
             return _err(why)
         parent = self.store.get_run(rid)
@@ -487,7 +530,7 @@ class Workbench:
                                        config=parent["config"], status="created", log_path=str(log_path), parent_run_id=rid)
         args = ["train", "--fork", str(rid), "--run-id", str(new_id)]
         if max_steps:
-            args += ["--max-steps", str(int(max_steps))]
+            args += ["--max-steps", str(_max_steps(max_steps))]
         launched = self._spawn("run", args, log_path.name, run_id=new_id)
         return _ok(f"forked run {rid} into run {new_id} (process {launched.proc.pid}); log: {log_path}")
 
@@ -501,10 +544,9 @@ class Workbench:
         return self.launch_run(path.read_text())
 
     def _run_id(self, run_id: Any) -> int:
-        try:
-            rid = int(run_id)
-        except (TypeError, ValueError):
-            raise UserInputError("choose a run first (its id from the table)") from None
+        if run_id in (None, ""):
+            raise UserInputError("choose a run first (its id from the table)")
+        rid = whole_number(run_id, "run id")
         self.store.get_run(rid)  # NotFoundError names it
         return rid
 
@@ -597,7 +639,8 @@ class Workbench:
         token, sess = self._session(self._curves, token, CurveSession)
         smoothing = float(min(max(smoothing or 0.0, 0.0), 0.99))
         x_axis = "time" if x_axis == "time" else "step"
-        runs = sorted({int(r) for r in (run_ids or []) if str(r).strip() != ""})
+        # a run id that cannot exist is left out (the picker offers only stored runs; this is a hand-made call)
+        runs = sorted({r for r in (_maybe_id(x) for x in (run_ids or [])) if r is not None})
         t0 = time.perf_counter()
         with sess.lock:
             dirty: set[str] = set()
@@ -615,7 +658,10 @@ class Workbench:
                         if h is None:
                             continue
                         loading |= not h.complete
-                        sm = sess.smoothed.setdefault((rid, ck.key), _Smoothed())
+                        sm = sess.smoothed.get((rid, ck.key))
+                        if sm is None or sm.source is not h:  # new, or the series was read afresh (a resume)
+                            sm = sess.smoothed[(rid, ck.key)] = _Smoothed(source=h)
+                            dirty.add(panel.id)
                         grew = sm.catch_up(h.values.view, smoothing)
                         if grew:
                             new_points += grew
@@ -683,27 +729,49 @@ class Workbench:
                                         limit=page_size)
         except (StoreError, ValueError) as e:
             return views.entries_table([]), _err(str(e))
-        return views.entries_table(p.entries), views.page_info(p.offset, len(p.entries), p.total, page, page_size)
+        return (views.entries_table(p.entries, verdicts=self.verdicts(p.entries)),
+                views.page_info(p.offset, len(p.entries), p.total, page, page_size))
+
+    def verdicts(self, entries: Sequence[Experience]) -> list[str]:
+        """Per entry, whether its claim about its task's level is right (envs/entry_check.py); "unknown" where the
+        task is not a recurring one of an env with a checker. Each level is learned once per workbench."""
+        from envs.base import task_id_of
+        from envs.entry_check import EntryChecker
+
+        out = []
+        for e in entries:
+            if task_id_of(e.task) is None or not EntryChecker.supports(e.env):
+                out.append("unknown")
+                continue
+            if self._checker is None:
+                self._checker = EntryChecker()
+            try:
+                out.append(self._checker.verdict(e.env, e.task, e.text))
+            except Exception:  # an env that cannot be built here: nothing to say, never a broken table
+                out.append("unknown")
+        return out
 
     def semantic_search(self, query: str, env: str | None = None, k: Any = 20) -> tuple[pd.DataFrame, str]:
         if not (query or "").strip():
             return views.entries_table([], scores=[]), "type a query to search by meaning"
-        k = min(200, max(1, int(k or 20)))
+        try:
+            k = min(200, whole_number(k or 20, "the number of results", lo=1, hi=INT32[1]))
+        except UserInputError as e:
+            return views.entries_table([], scores=[]), _err(str(e))
         m = self.manager()
         m.sync()
         hits = m.search_sync([query], k=k, task=env or None)[0]
         entries = self.store.get_many([h.entry_id for h in hits])
         found = [(entries[h.entry_id], h.score) for h in hits if h.entry_id in entries]
-        return (views.entries_table([e for e, _ in found], scores=[s for _, s in found]),
+        return (views.entries_table([e for e, _ in found], scores=[s for _, s in found], verdicts=self.verdicts([e for e, _ in found])),
                 f"{len(found)} entries closest in meaning to {query!r}" + (f" in env {env}" if env else ""))
 
     # -- library: one entry ------------------------------------------------------------------------
 
     def _entry_id(self, entry_id: Any) -> int:
-        try:
-            return int(str(entry_id).strip().lstrip("#"))
-        except (TypeError, ValueError):
-            raise UserInputError("give an entry id (a number from the table)") from None
+        if entry_id in (None, ""):
+            raise UserInputError("give an entry id (a number from the table)")
+        return whole_number(entry_id, "entry id")
 
     def open_entry(self, entry_id: Any) -> dict[str, Any]:
         """Everything the entry panel shows; 'error' is set instead when the id is bad."""
@@ -726,11 +794,15 @@ class Workbench:
         editor (the UI does not touch it), with a diff against the current text to reapply it."""
         try:
             eid = self._entry_id(entry_id)
-            expected = int(loaded_version)
-        except (UserInputError, TypeError, ValueError):
-            return _err("open an entry before editing it"), None
+            expected = whole_number(loaded_version, "the loaded version")
+        except UserInputError as e:
+            return _err(f"open an entry before editing it ({e})"), None
         if not (text or "").strip():
             return _err("the text is empty; an entry needs a text (archive it to remove it)"), expected
+        if len(text) > MAX_ENTRY_CHARS:
+            # the import cap: an entry longer than this could be exported but never imported again
+            return _err(f"the text is {len(text):,} characters; an entry holds at most {MAX_ENTRY_CHARS:,} "
+                        "(shorten it, or split it into two entries). Not saved."), expected
         try:
             e = self.store.update_text(eid, text, expected_version=expected, actor="human")
         except StaleWriteError as err:
@@ -745,9 +817,9 @@ class Workbench:
     def set_entry_status(self, entry_id: Any, loaded_version: Any, status: str) -> tuple[str, int | None]:
         try:
             eid = self._entry_id(entry_id)
-            expected = int(loaded_version)
-        except (UserInputError, TypeError, ValueError):
-            return _err("open an entry first"), None
+            expected = whole_number(loaded_version, "the loaded version")
+        except UserInputError as e:
+            return _err(f"open an entry first ({e})"), None
         try:
             changed = self.store.set_status([eid], Status(status), actor="human", expected_versions={eid: expected})
         except StoreError as err:
@@ -759,18 +831,18 @@ class Workbench:
     def diff_versions(self, entry_id: Any, v_from: Any, v_to: Any) -> str:
         try:
             eid = self._entry_id(entry_id)
-            return views.diff_html(self.store.diff(eid, int(v_from), int(v_to)))
-        except (UserInputError, TypeError, ValueError):
-            return views.diff_html("", "choose an entry and two versions")
+            return views.diff_html(self.store.diff(eid, whole_number(v_from, "version"), whole_number(v_to, "version")))
+        except UserInputError as e:
+            return views.diff_html("", f"choose an entry and two versions ({e})")
         except StoreError as err:
             return views.diff_html("", str(err))
 
     def revert_entry(self, entry_id: Any, to_version: Any, loaded_version: Any) -> tuple[str, int | None]:
         try:
             eid = self._entry_id(entry_id)
-            expected, to_v = int(loaded_version), int(to_version)
-        except (UserInputError, TypeError, ValueError):
-            return _err("open an entry and choose the version to revert to"), None
+            expected, to_v = whole_number(loaded_version, "the loaded version"), whole_number(to_version, "version")
+        except UserInputError as e:
+            return _err(f"open an entry and choose the version to revert to ({e})"), None
         try:
             e = self.store.revert(eid, to_v, expected_version=expected, actor="human")
         except StoreError as err:
@@ -781,9 +853,14 @@ class Workbench:
         if not (title or "").strip() or not (content or "").strip():
             return _err("a new entry needs at least a title and a content"), None
         text = format_entry_text(title, description or "", content)
-        eid = self.store.add_entries([NewEntry(text=text, env=(env or "").strip(), task=(task or "").strip(),
-                                               query=(task or "").strip(), source=Source.MANUAL)],
-                                     actor="human", note="written in the workbench")[0]
+        if len(text) > MAX_ENTRY_CHARS:
+            return _err(f"the entry is {len(text):,} characters; an entry holds at most {MAX_ENTRY_CHARS:,}. Not saved."), None
+        try:
+            eid = self.store.add_entries([NewEntry(text=text, env=(env or "").strip(), task=(task or "").strip(),
+                                                   query=(task or "").strip(), source=Source.MANUAL)],
+                                         actor="human", note="written in the workbench")[0]
+        except StoreError as e:
+            return _err(str(e)), None
         return _ok(f"created entry {eid} (source manual); it is embedded and searchable within seconds"), eid
 
     # -- library: merge ----------------------------------------------------------------------------
@@ -844,6 +921,8 @@ class Workbench:
             return _err(str(e)), None
         if not (text or "").strip():
             return _err("write the merged text first (or get a proposal)"), None
+        if len(text) > MAX_ENTRY_CHARS:
+            return _err(f"the merged text is {len(text):,} characters; an entry holds at most {MAX_ENTRY_CHARS:,}"), None
         try:
             nid = merge.merge_entries(self.store, [p.id for p in parents], text, actor="human",
                                       expected_versions={p.id: p.version for p in parents})
@@ -913,8 +992,8 @@ class Workbench:
         arm: dict[str, Any] = {"kind": kind}
         if kind == "version":
             try:
-                v = int(str(arg).strip())
-            except ValueError:
+                v = whole_number(arg, f"arm {label}: the library version", lo=0)
+            except UserInputError:
                 raise UserInputError(f"arm {label}: give the library version as a number") from None
             current = self.store.library_version()
             if not 0 <= v <= current:
@@ -927,11 +1006,9 @@ class Workbench:
             if src.stat().st_size > self.upload_cap_bytes:
                 raise UserInputError(f"arm {label}: {src.name} is over the upload cap of {self.upload_cap_bytes / 1e6:.1f} MB")
             try:
-                library_io.parse_library_lines(src.read_text(encoding="utf-8").splitlines())
+                library_io.parse_library_lines(library_io.read_library_file(src))
             except library_io.LibraryFileError as e:
                 raise UserInputError(f"arm {label}: {src.name}: {e}") from None
-            except UnicodeDecodeError:
-                raise UserInputError(f"arm {label}: {src.name} is not UTF-8 text") from None
             dest = self.data_dir / "ab" / f"arm-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}-{label}.jsonl"
             shutil.copyfile(src, dest)
             arm["path"] = str(dest)
@@ -964,12 +1041,7 @@ class Workbench:
                 raise UserInputError(f"checkpoint {ckpt!r} is not a model folder; leave it empty for the default policy")
             mt: int | None = None
             if max_turns not in (None, "", 0):
-                try:
-                    mt = int(max_turns)
-                except (TypeError, ValueError):
-                    raise UserInputError("max turns must be a whole number (or empty for the env's limit)") from None
-                if mt < 1:
-                    raise UserInputError("max turns must be at least 1")
+                mt = whole_number(max_turns, "max turns", lo=1)
             arms = {"A": self._arm(a_kind, a_arg, a_file, "A"), "B": self._arm(b_kind, b_arg, b_file, "B")}
             if arms["A"] == arms["B"]:
                 raise UserInputError("the two arms are the same library; change one of them")
@@ -1001,21 +1073,22 @@ class Workbench:
         """(summary, progress bar, results per arm, per task, episodes)."""
         empty = (views.ab_results_table({}), views.ab_per_task_table({}), views.episodes_table([]))
         try:
-            t = self.store.get_ab_test(int(ab_id))
-        except (TypeError, ValueError):
+            aid = whole_number(ab_id, "A/B test id")
+            t = self.store.get_ab_test(aid)
+        except UserInputError:
             return "choose an A/B test", "", *empty
         except StoreError as e:
             return _err(str(e)), "", *empty
         self.reap_processes()
-        t = self.store.get_ab_test(int(ab_id))
+        t = self.store.get_ab_test(aid)
         eps = self.store.list_trajectories(ab_test_id=t["id"], limit=500)
         return (views.ab_summary_md(t), views.progress_bar_html(t["progress"], t["status"]),
                 views.ab_results_table(t["results"]), views.ab_per_task_table(t["results"]), views.episodes_table(eps))
 
     def ab_log_tail(self, ab_id: Any, lines: int = 40) -> str:
         try:
-            aid = int(ab_id)
-        except (TypeError, ValueError):
+            aid = whole_number(ab_id, "A/B test id")
+        except UserInputError:
             return ""
         path = self.data_dir / "ab" / f"{aid}.log"
         return _tail(path, lines) if path.exists() else ""
@@ -1023,20 +1096,17 @@ class Workbench:
     # -- episodes: replay and live play ----------------------------------------------------------------
 
     def episodes(self, run_id: Any = None, ab_id: Any = None, limit: int = 200) -> pd.DataFrame:
-        def as_int(x: Any) -> int | None:
-            try:
-                return int(x) if x not in (None, "") else None
-            except (TypeError, ValueError):
-                return None
-
-        return views.episodes_table(self.store.list_trajectories(run_id=as_int(run_id), ab_test_id=as_int(ab_id), limit=limit))
+        ids = [_maybe_id(x) for x in (run_id, ab_id)]
+        if any(i is None and x not in (None, "") for i, x in zip(ids, (run_id, ab_id))):
+            return views.episodes_table([])  # an id no run or test can have: nothing to show (not every episode)
+        return views.episodes_table(self.store.list_trajectories(run_id=ids[0], ab_test_id=ids[1], limit=limit))
 
     def replay(self, traj_id: Any) -> str:
         try:
-            t = self.store.get_trajectory(int(str(traj_id).strip().lstrip("#")))
-        except (TypeError, ValueError):
-            return "<em>give an episode id from the table</em>"
-        except NotFoundError as e:
+            t = self.store.get_trajectory(whole_number(traj_id, "episode id"))
+        except UserInputError as e:
+            return f"<em>give an episode id from the table ({html.escape(str(e))})</em>"
+        except StoreError as e:
             return f"<div class='comprl-error'>{html.escape(str(e))}</div>"
         return views.trajectory_html(t)
 
@@ -1069,9 +1139,9 @@ class Workbench:
         if old is not None:
             old.player.close()
         try:
-            seed_i = int(seed)
-        except (TypeError, ValueError):
-            return token or "", views.live_episode_html([]), _err("the task seed must be a whole number")
+            seed_i = whole_number(seed, "the task seed", lo=0)
+        except UserInputError as e:
+            return token or "", views.live_episode_html([]), _err(str(e))
         if env_name not in self.envs():
             return token or "", views.live_episode_html([]), _err(f"unknown env {env_name!r}")
         use_library = library != "none"
@@ -1162,3 +1232,16 @@ def _redact(url: str) -> str:
     return re.sub(r"://([^:/@]+):[^@]+@", r"://\1:***@", url)
 
 
+def _maybe_id(x: Any) -> int | None:
+    """An id from a picker or a hand-made call, or None when it is empty or no stored row could have it."""
+    try:
+        return whole_number(x, "id")
+    except UserInputError:
+        return None
+
+
+def _max_steps(value: Any) -> int | None:
+    """The launch form's optional step cap: empty or 0 means the config's own; anything else a count >= 1."""
+    if value in (None, "", 0):
+        return None
+    return whole_number(value, "max steps", lo=1)

@@ -417,7 +417,7 @@ def test_ab_create_validates_everything_first(wb, tmp_path):
         assert msg.startswith("**OK**") and ab_id
         cfg = wb.store.get_ab_test(ab_id)["config"]
         assert cfg == {"env": "minihack/Room-5x5", "seeds": list(range(10)), "checkpoint": "", "max_turns": None,
-                       "arms": {"A": {"kind": "minus", "ids": [a]}, "B": {"kind": "none"}}}
+                       "arms": {"A": {"kind": "minus", "ids": [a]}, "B": {"kind": "none"}}, "task_ids": False}
     else:
         assert "trainer is not available" in msg and ab_id is None and wb.store.list_ab_tests() == []
 
@@ -511,3 +511,109 @@ def test_demo_run_is_not_started_twice_and_names_a_missing_config(wb):
     wb.store.create_run("already", status="running")
     assert "already running" in wb.start_demo_run()
     assert len(wb.store.list_runs()) == 1
+
+
+# -- input edges: every id, version, seed and count from the page --------------------------------------------
+
+HUGE = [2**63, 2**64, -(2**63), "9" * 30, 2**31, -1, float("nan"), float("inf"), "1e400", "#" + str(2**63), 3.5, "  ", "x"]
+HINTS = ("out of range", "whole number", "needs at least", "no entry", "no run", "choose", "give", "open an entry", "no A/B", "no stored")
+
+
+def _texts(out) -> list[str]:
+    items = out if isinstance(out, tuple) else (out,)
+    return [x for x in items if isinstance(x, str)] + [x["error"] for x in items if isinstance(x, dict) and "error" in x]
+
+
+def test_malformed_ids_versions_and_counts_are_messages_and_change_nothing(wb):
+    eid = add(wb, "an entry")
+    rid = wb.store.create_run("r", status="finished")
+    calls = {  # each callback of the page that takes a number, with the mutated value in that place
+        "open_entry": lambda v: wb.open_entry(v),
+        "save_entry id": lambda v: wb.save_entry(v, "t", 1),
+        "save_entry version": lambda v: wb.save_entry(eid, "t", v),
+        "set_entry_status id": lambda v: wb.set_entry_status(v, 1, "archived"),
+        "set_entry_status version": lambda v: wb.set_entry_status(eid, v, "archived"),
+        "diff_versions": lambda v: wb.diff_versions(eid, v, 1),
+        "revert_entry to": lambda v: wb.revert_entry(eid, v, 1),
+        "revert_entry loaded": lambda v: wb.revert_entry(eid, 1, v),
+        "accept_merge": lambda v: wb.accept_merge(f"{eid}, {v}", "merged"),
+        "merge_preview": lambda v: wb.merge_preview(f"{eid}, {v}", "merged"),
+        "propose_merge": lambda v: wb.propose_merge(f"{eid}, {v}"),
+        "undo_merge": lambda v: wb.undo_merge(v),
+        "replay": lambda v: wb.replay(v),
+        "run_command": lambda v: wb.run_command(v, "stop"),
+        "resume_run id": lambda v: wb.resume_run(v),
+        "resume_run steps": lambda v: wb.resume_run(rid, v),
+        "fork_run": lambda v: wb.fork_run(v),
+        "launch_run steps": lambda v: wb.launch_run("run: {max_steps: 2}\n", v),
+        "ab_details": lambda v: wb.ab_details(v),
+        "semantic_search k": lambda v: wb.semantic_search("stairs", None, v),
+        "demo_start seed": lambda v: wb.demo_start(None, "expert", "minihack/Room-5x5", v),
+    }
+    quiet = {  # these show nothing for an id nothing can have (a log, a table, a curve): no message, no error
+        "ab_log_tail": lambda v: wb.ab_log_tail(v),
+        "episodes run": lambda v: wb.episodes(run_id=v),
+        "episodes ab": lambda v: wb.episodes(ab_id=v),
+        "refresh_curves": lambda v: wb.refresh_curves("tok", [v]),
+        "log_tail": lambda v: wb.log_tail(v),
+    }
+    before = (wb.store.library_version(), wb.store.get(eid).version, len(wb.store.list_runs()), wb.store.get_run(rid)["status"])
+    tried = handled = 0
+    for name, call in {**calls, **quiet}.items():
+        for v in HUGE:
+            if v == -1 and name == "semantic_search k":
+                continue  # a count below 1 is clamped to 1, as a slider would
+            tried += 1
+            out = call(v)  # an exception here is what the page showed as "the app raised an exception"
+            texts = _texts(out)
+            if name in quiet or any(h in t for t in texts for h in HINTS):
+                handled += 1
+            else:
+                print("no message:", name, repr(v)[:24], [t[:80] for t in texts])
+    print(f"\nworkbench: malformed numbers handled {handled}/{tried}")
+    assert handled == tried
+    after = (wb.store.library_version(), wb.store.get(eid).version, len(wb.store.list_runs()), wb.store.get_run(rid)["status"])
+    assert after == before
+
+
+def test_edit_size_cap_matches_import_and_negative_max_steps_are_refused(wb):
+    from core.library_io import MAX_ENTRY_CHARS
+
+    eid = add(wb, "short")
+    v = wb.store.library_version()
+    msg, version = wb.save_entry(eid, "x" * (5 * 1024 * 1024), 1)
+    assert f"at most {MAX_ENTRY_CHARS:,}" in msg and "Not saved" in msg and version == 1
+    msg, new = wb.create_entry("title", "", "y" * MAX_ENTRY_CHARS)
+    assert "at most" in msg and new is None
+    msg, new = wb.create_entry("title", "", "ok", env="e" * 129)  # the store's own refusal is a message too
+    assert "128" in msg and new is None
+    assert wb.store.library_version() == v and wb.store.get(eid).text == "short"
+    ok, version = wb.save_entry(eid, "z" * MAX_ENTRY_CHARS, 1)
+    assert version == 2  # exactly the cap is fine: it exports and imports again
+    runs = len(wb.store.list_runs())
+    for steps in (-5, 0.5, "many"):
+        assert "max steps" in wb.launch_run("run: {max_steps: 2}\n", steps)
+    assert len(wb.store.list_runs()) == runs and not wb._launched
+
+
+def test_curves_follow_a_resume_that_dropped_and_redid_steps(wb, monkeypatch):
+    """A resume deletes the steps it redoes (and SQLite may give the new rows the old ids): an open page must
+    show the redone values, once each, not the dead attempt's nor both."""
+    import app.service as service
+
+    monkeypatch.setattr(service, "PULL_INTERVAL_S", 0.0)
+    rid = wb.store.create_run("c", status="running")
+    for s in range(1, 11):
+        wb.store.log_metrics(rid, s, {"policy/reward_with_exp": 0.0})
+    tok, figs, _ = wb.refresh_curves(None, [rid], 0.0, "step")
+    assert [len(t["x"]) for t in json.loads(figs[0])["data"]] == [10]  # smoothing 0: the raw series only
+    wb.store.drop_after_step(rid, 6)  # the resume from the step-6 checkpoint
+    for s in range(7, 10):
+        wb.store.log_metrics(rid, s, {"policy/reward_with_exp": 1.0})
+    _, figs, _ = wb.refresh_curves(tok, [rid], 0.0, "step")
+    raw = json.loads(figs[0])["data"][0]
+    assert raw["x"] == list(range(1, 10)) and raw["y"] == [0.0] * 6 + [1.0] * 3
+    wb.store.log_metrics(rid, 9, {"policy/reward_with_exp": 2.0})  # a value logged again supersedes
+    _, figs, _ = wb.refresh_curves(tok, [rid], 0.0, "step")
+    raw = json.loads(figs[0])["data"][0]
+    assert raw["x"] == list(range(1, 10)) and raw["y"][-1] == 2.0
