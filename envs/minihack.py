@@ -157,12 +157,13 @@ def first_heading(dr: int, dc: int) -> str:
 
 
 def stairs_sentence(dr: int, dc: int) -> str:
-    """'the staircase down (>) was 2 south and 1 east of your starting square (from the start, head south)':
+    """'the staircase down (>) was 2 south and 1 east of your starting square; from the start, head south':
     the debrief's words, which a lesson about the level repeats (a contiguous span a small model can copy)
-    and `claimed_offset` reads back."""
+    and `claimed_offset` reads back. The heading comes last: in the actor's prompt the entry ends right
+    before its answer, where a tiny model learns to copy first."""
     if (dr, dc) == (0, 0):
         return "the staircase down (>) was on your starting square"
-    return f"the staircase down (>) was {_relative(dr, dc)} of your starting square (from the start, head {first_heading(dr, dc)})"
+    return f"the staircase down (>) was {_relative(dr, dc)} of your starting square; from the start, head {first_heading(dr, dc)}"
 
 
 _OFFSET = r"(?:(\d+) (north|south)(?: and (\d+) (east|west))?|(\d+) (east|west))"

@@ -74,7 +74,7 @@ def test_reaching_the_stairs_is_success(envs):
     assert "\0" not in obs and "....>" in obs and "HP 12/12" in obs
     # the debrief: where the staircase was from the start (what a lesson about this level would say)
     assert obs.endswith("You reached the goal: the task is complete. Debrief: the staircase down (>) was 4 south and "
-                        "4 east of your starting square (from the start, head southeast).")
+                        "4 east of your starting square; from the start, head southeast.")
 
 
 def test_turn_limit_truncates_as_failure():
@@ -86,7 +86,7 @@ def test_turn_limit_truncates_as_failure():
             obs, _, terminated, truncated, info = env.step("north")
         assert truncated and not terminated and info["success"] is False
         assert obs.endswith("Out of turns: the episode is over. Debrief: the staircase down (>) was 4 south and 4 east "
-                            "of your starting square (from the start, head southeast).")  # lit: seen from the start
+                            "of your starting square; from the start, head southeast.")  # lit: seen from the start
         with pytest.raises(RuntimeError):
             env.step("north")
     finally:

@@ -117,8 +117,11 @@ class WarmStartConfig:
     # policy trained on full prompts never learned to copy the task's object into "take"/"move" (1,400
     # steps: 0 of 24 held-out takes right); the same model copies after ~150 steps of short prompts, and
     # the skill carries over to full prompts within ~50 (a synthetic check: benchmarks/results/copy_probe.md).
-    short_prompt_steps: int = 300
+    short_prompt_steps: int = 600
     extractor_steps: int = 800  # extractor SFT optimiser steps (~0.5 s each here)
+    # Extractor SFT steps before the main ones on extraction prompts whose trajectory is only the final observation:
+    # the debrief sentence to repeat sits close to the answer (the first 800-step build copied no offset right: 0/19).
+    extractor_short_steps: int = 300
     batch_size: int = 16  # sequences per policy SFT step
     extractor_batch_size: int = 4  # sequences per extractor SFT step (its sequences are about twice as long)
     threads: int = 0  # torch CPU threads while building; 0 = the cores left free by the current load (>= 1)
@@ -253,7 +256,7 @@ def _stairs_lesson(dr: int, dc: int) -> str:
     from envs.minihack import stairs_sentence
 
     s = stairs_sentence(dr, dc)
-    return f"{s[0].upper()}{s[1:]}. Once it is in view, go straight to it."
+    return f"Once it is in view, go straight to it. {s[0].upper()}{s[1:]}."
 
 
 def _minihack_hinted(env: Any, target: tuple[int, int], heading: str = "") -> str | None:
@@ -506,14 +509,29 @@ def _short_prompt(demo: Demo, turn: Turn) -> list[dict[str, str]]:
                             experience=demo.entry)[1:]
 
 
+def _copyable(demo: Demo, turn: Turn) -> bool:
+    """Whether the label can be read off the short prompt. MiniHack: the entry's heading while the staircase
+    is out of sight, or the observation's heading once it is in sight (the exploring moves cannot be read off
+    anything short, and with them in the curriculum the policy learned only the marginal over moves in 300
+    steps). Every turn of other envs (ALFWorld copies the task's object)."""
+    if not demo.env.startswith("minihack/"):
+        return True
+    if f"a step {turn.label} brings" in turn.observation:
+        return True
+    return bool(demo.entry) and f"head {turn.label}." in demo.entry and "not seen the staircase" in turn.observation
+
+
 def policy_examples(demos: Sequence[Demo], tokenizer: Any, cfg: WarmStartConfig, *,
                     short: bool = False) -> tuple[list[SFTExample], int]:
     """(examples, number dropped for exceeding max_seq_len): one example per labelled turn, with the
-    rollout's prompt, or with the curriculum's short one (`short`)."""
+    rollout's prompt, or with the curriculum's short one (`short`: only the turns whose action can be read
+    off it, `_copyable`)."""
     out: list[SFTExample] = []
     dropped = 0
     for d in demos:
         for t in d.turns:
+            if short and not _copyable(d, t):
+                continue
             msgs = _short_prompt(d, t) if short else _actor_prompt(cfg, d, t)
             ex = _join(tokenizer, _chat_ids(tokenizer, msgs), t.label, f"policy/{'short/' if short else ''}{d.source}/{d.condition}")
             if len(ex.input_ids) > cfg.max_seq_len:
@@ -595,8 +613,10 @@ def _extractor_target(demo: Demo) -> tuple[list[dict[str, Any]], str]:
     return ops, _answer(think, ops)
 
 
-def _extractor_prompt(cfg: WarmStartConfig, demo: Demo) -> list[dict[str, str]]:
-    steps = [(t.observation, t.taken) for t in demo.turns]
+def _extractor_prompt(cfg: WarmStartConfig, demo: Demo, short: bool = False) -> list[dict[str, str]]:
+    """The extraction prompt as the run's consumer builds it; `short` (the curriculum): the trajectory is only
+    its final observation, where the debrief says what the lesson must repeat."""
+    steps = [] if short else [(t.observation, t.taken) for t in demo.turns]
     user = P.EXTRACTOR_USER.format(
         task=demo.task, outcome="success" if demo.success else "failure", num_actions=len(steps),
         previous=P.numbered([demo.entry] if demo.entry else []),
@@ -927,7 +947,7 @@ def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
     threads = cfg.threads or _free_cores()
     load_at_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     n_envs = len(cfg.envs)
-    units = cfg.demo_episodes * n_envs + cfg.short_prompt_steps + cfg.policy_steps + cfg.extractor_steps + 3
+    units = cfg.demo_episodes * n_envs + cfg.short_prompt_steps + cfg.policy_steps + cfg.extractor_short_steps + cfg.extractor_steps + 3
     bar = tqdm(total=units, desc="comprl models init", disable=not progress, unit="step", dynamic_ncols=True)
     timings: dict[str, float] = {}
     old_threads = torch.get_num_threads()
@@ -1005,6 +1025,16 @@ def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
             raise RuntimeError(f"no extractor example fits max_seq_len={cfg.max_seq_len}; raise WarmStartConfig.max_seq_len")
         extractor = build_tiny_qwen2(tokenizer, cfg.extractor_hidden, cfg.extractor_layers, cfg.extractor_heads,
                                      cfg.extractor_kv_heads, max_pos=cfg.max_positions, seed=cfg.seed + 1)
+        ext_short_losses: list[float] = []
+        if cfg.extractor_short_steps > 0:
+            stage("extractor SFT (short prompts)")
+            short_pairs = [(_extractor_prompt(cfg, d, short=True), _extractor_target(d)[1]) for d in demos if d.final_observation]
+            short_ex = [ex for ex in (_join(tokenizer, _chat_ids(tokenizer, m), a, "extractor/short") for m, a in short_pairs)
+                        if len(ex.input_ids) <= cfg.max_seq_len]
+            if short_ex:
+                _, ext_short_losses = _sft(extractor, short_ex, cfg.extractor_short_steps, cfg, pad_id=pad_id, seed=cfg.seed + 5,
+                                           batch_size=cfg.extractor_batch_size, tick=bar.update)
+            stage("extractor SFT")
         _, ext_losses = _train_extractor(extractor, ext_ex, cfg, pad_id, bar.update)
 
         stage("save")
@@ -1040,6 +1070,8 @@ def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
         "extractor": {"params": _count_params(extractor), "examples": len(ext_ex), "dropped_too_long": ext_dropped,
                       "loss_first": round(sum(ext_losses[:10]) / max(1, len(ext_losses[:10])), 4),
                       "loss_last": round(sum(ext_losses[-10:]) / max(1, len(ext_losses[-10:])), 4),
+                      **({"short_prompt": {"steps": len(ext_short_losses), "loss_first": round(sum(ext_short_losses[:10]) / 10, 4),
+                                           "loss_last": round(sum(ext_short_losses[-10:]) / 10, 4)}} if len(ext_short_losses) >= 10 else {}),
                       "eval": ext_eval},
         "demos": {"episodes": sum(1 for d in demos if d.source in ("expert", "noisy")),
                   "expert_success": sum(d.success for d in demos if d.source == "expert") / max(1, sum(d.source == "expert" for d in demos)),
