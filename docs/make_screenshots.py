@@ -125,15 +125,21 @@ def seed(data: Path, steps: int) -> dict:
     return info
 
 
+def _open(p, url: str):
+    """Headless Debian Chromium on the workbench, once its runs table is there: (browser, page)."""
+    browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS)
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(url)
+    page.wait_for_selector("#runs-table", timeout=60_000)
+    return browser, page
+
+
 def shoot(url: str, out: Path, info: dict) -> None:
     from playwright.sync_api import expect, sync_playwright
 
     out.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(url)
-        page.wait_for_selector("#runs-table", timeout=60_000)
+        browser, page = _open(p, url)
         if info["run"]:
             page.locator("#run-id input").fill(str(info["run"]))
             page.locator("#run-id input").press("Enter")
@@ -193,10 +199,7 @@ def shoot_run(url: str, out: Path, run_id: int, prefix: str) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(url)
-        page.wait_for_selector("#runs-table", timeout=60_000)
+        browser, page = _open(p, url)
         page.locator("#run-id input").fill(str(run_id))
         page.locator("#run-id input").press("Enter")
         page.wait_for_timeout(1500)
@@ -257,22 +260,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
         info = seed(data, args.steps)
-        port = free_port()
-        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-        env.pop("COMPRL_AUTH", None)
-        app = subprocess.Popen([sys.executable, "-m", "app.cli", "app", "--data-dir", str(data), "--port", str(port)],
-                               cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        app, url = serve(data)
         try:
-            url = f"http://127.0.0.1:{port}/"
-            deadline = time.time() + 120
-            while True:
-                try:
-                    with urllib.request.urlopen(url, timeout=2):
-                        break
-                except OSError:
-                    if app.poll() is not None or time.time() > deadline:
-                        raise RuntimeError("the workbench did not start") from None
-                    time.sleep(0.5)
             shoot(url, Path(args.out), info)
         finally:
             app.terminate()
