@@ -74,6 +74,7 @@ def tiny_warmstart(config: Path):
         names = []
     envs = [n for n in names if n.startswith(("minihack/", "alfworld/"))] or ["minihack/Room-Random-5x5"]
     return WarmStartConfig(envs=envs, demo_episodes=24, dagger_episodes=0, policy_steps=300, extractor_steps=300,
+                           short_prompt_steps=0, extractor_short_steps=0,  # a smoke: no curricula
                            eval_episodes=1, eval_extractor=2, batch_size=4, extractor_batch_size=2, lr=3e-3, warmup_steps=10,
                            policy_hidden=64, policy_layers=2, policy_heads=2, policy_kv_heads=1, extractor_hidden=64,
                            extractor_layers=2, extractor_heads=2, extractor_kv_heads=1, max_seq_len=4000,
