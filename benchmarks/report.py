@@ -107,7 +107,7 @@ def study_figures(stem: str, d: dict, img_dir: Path) -> list[tuple[str, Path]]:
         truth = any(k in r.get("curves", {}) for r in runs for k, _, _ in TRUTH_KEYS)
         fig, axes = plt.subplots(1, 3 if truth else 2, figsize=(15 if truth else 10, 3.6))
         _plot_panel(axes[0], runs, TRAIN_KEYS, f"{lab}: training rollouts")
-        _plot_panel(axes[1], runs, EVAL_KEYS, f"{lab}: held-out (seen-task) eval")
+        _plot_panel(axes[1], runs, EVAL_KEYS, f"{lab}: evaluation (seen tasks, with a task set)")
         if truth:
             _plot_panel(axes[2], runs, TRUTH_KEYS, f"{lab}: entry correctness", ylabel="share")
         fig.suptitle(f"{stem} / {lab} ({len(runs)} seed{'s' if len(runs) != 1 else ''})", fontsize=11)
