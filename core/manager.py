@@ -209,17 +209,18 @@ class ExperienceManager:
         # task_scope: one index group per (filter group, task), so a task's own entries are one search
         return f"{group}{_SEP}{e.task}" if self.cfg.task_scope else group
 
-    def _search_groups(self, group: str | None, scope: str | None) -> str | tuple[str, ...] | None:
+    def _search_groups(self, group: str | None, scope: str | None, names: list[str]) -> str | tuple[str, ...] | None:
         """The index groups one query searches: its filter group, or with task_scope its own task's
-        group when that holds an entry, else every task group of its filter group."""
+        group when that holds an entry, else every task group of its filter group. `names`: the index's
+        groups, listed once per micro-batch (not per query: retrieval is on the rollout's path)."""
         if not self.cfg.task_scope:
             return group
         own = f"{group or ''}{_SEP}{scope or ''}"
-        if scope is not None and own in self.index.groups():
+        if scope is not None and own in names:
             return (own,)
         if group is None:
             return None
-        return tuple(g for g in self.index.groups() if g.startswith(f"{group}{_SEP}"))
+        return tuple(g for g in names if g.startswith(f"{group}{_SEP}"))
 
     # -- keeping in step with the store ---------------------------------------------------------
 
@@ -361,8 +362,9 @@ class ExperienceManager:
         picked: dict[int, int] = {}
         with self.lock.read():
             by_group: dict[str | tuple[str, ...] | None, list[int]] = {}
+            names = self.index.groups() if self.cfg.task_scope else []
             for i, (g, sc) in enumerate(zip(groups, scopes)):
-                by_group.setdefault(self._search_groups(g, sc), []).append(i)
+                by_group.setdefault(self._search_groups(g, sc, names), []).append(i)
             for g, rows in by_group.items():
                 scores, ids = self._parallel_search(vecs[rows], n_cand, g)
                 for r, srow, irow in zip(rows, scores, ids):
