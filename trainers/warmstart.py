@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from core.build_progress import BuildProgress, one_build_at_a_time
 from core.types import format_entry_text
 from envs.base import keeps_intro
 from trainers import prompts as P
@@ -940,15 +941,13 @@ def _count_params(model: Any) -> int:
 
 def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
     """Steps 1-6 into `tmp/policy` and `tmp/extractor`; returns the measured results."""
-    from tqdm.auto import tqdm
-
     t0, c0 = time.time(), time.process_time()
     torch.manual_seed(cfg.seed)
     threads = cfg.threads or _free_cores()
     load_at_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     n_envs = len(cfg.envs)
     units = cfg.demo_episodes * n_envs + cfg.short_prompt_steps + cfg.policy_steps + cfg.extractor_short_steps + cfg.extractor_steps + 3
-    bar = tqdm(total=units, desc="comprl models init", disable=not progress, unit="step", dynamic_ncols=True)
+    bar = BuildProgress(tmp.parent, total=units, desc="comprl models init", disable=not progress)  # core/build_progress.py
     timings: dict[str, float] = {}
     old_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -1103,6 +1102,7 @@ def _marker_ok(folder: Path, digest: str) -> bool:
     return data.get("hash") == digest and (folder / "config.json").is_file()
 
 
+@one_build_at_a_time  # one build per models folder at a time; others wait (core/build_progress.py)
 def ensure_models(data_dir: str | os.PathLike, cfg: WarmStartConfig | None = None, *, force: bool = False,
                   progress: bool = True) -> dict[str, Path]:
     """The default policy and extractor folders under `data_dir/models`, built when missing, built
