@@ -196,8 +196,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         if args.run_id is not None:  # the workbench made the row before starting us: say why it never ran
             _fail_row(args, args.run_id, str(e))
         raise UserError(str(e)) from None
+    from core.build_progress import BuildStopped
+
     try:
         train(ctx)
+    except BuildStopped as e:  # SIGTERM/SIGINT during the model build, or while waiting for another's: a clean stop
+        if ctx.store.get_run(ctx.run_id)["status"] in LIVE_STATUSES:
+            ctx.finish("stopped", str(e))
+        return 0
     except BaseException as e:
         # train() marks the run failed once its loop has begun; a failure while it loads models, envs or the
         # embedder comes before that, and must not leave the row "running" for ever.

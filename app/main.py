@@ -177,6 +177,41 @@ class AuthGate:
         await self.app(scope, receive, hold)
 
 
+def watch_build(data_dir: str | os.PathLike[str], interval_s: float = 2.0, stop: threading.Event | None = None,
+                out: Any = None) -> threading.Thread:
+    """Tell this terminal how a model build under `data_dir` goes (whoever builds: the demo run, an A/B test, the
+    policy demo): a line when it starts, at each stage and every tenth of the way, and when it ends. Nothing is
+    printed when no build runs."""
+    import sys
+
+    from core import build_progress
+
+    out = out or sys.stdout
+
+    def loop() -> None:
+        last: tuple | None = None
+        while not (stop.wait(interval_s) if stop is not None else time.sleep(interval_s)):
+            p = build_progress.read_progress(data_dir)
+            if p is None:
+                continue
+            total = max(1, int(p.get("total") or 1))
+            key = (p.get("pid"), p.get("started_at"), p.get("state"), p.get("stage"), int(10 * int(p.get("done") or 0) / total))
+            if key == last:
+                continue
+            if last is None and p.get("state") != "building":
+                last = key  # an old build's file: nothing new to tell
+                continue
+            last = key
+            line = build_progress.describe(p)
+            if p.get("state") == "done":
+                line += "; the first curve points come with the first training step (Live curves)"
+            print(f"[models] {line}", file=out, flush=True)
+
+    t = threading.Thread(target=loop, name="build-watch", daemon=True)
+    t.start()
+    return t
+
+
 def serve(*, host: str = "127.0.0.1", port: int = 7860, data_dir: str, db_url: str | None = None, demo: bool = False,
           auth: str | None = None, upload_cap_mb: float = 20.0) -> None:
     credentials = resolve_auth(host, auth)
@@ -189,6 +224,7 @@ def serve(*, host: str = "127.0.0.1", port: int = 7860, data_dir: str, db_url: s
     wb = Workbench(data_dir, db_url, upload_cap_mb=upload_cap_mb)
     if demo:
         print(f"demo: {wb.start_demo_run()}", flush=True)
+    watch_build(wb.data_dir)
     wb.warm_up()
     blocks = build(wb)
     blocks.queue(default_concurrency_limit=4)

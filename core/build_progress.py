@@ -6,11 +6,12 @@ init`. Two builders into one `models/` folder would delete each other's work, so
 an exclusive lock, and while it runs it writes where it stands to a small JSON file that the workbench
 (Runs tab, Live curves, the terminal of `comprl app`) reads:
 
-    <data_dir>/models/.build.lock            flock'ed by the builder; anyone else who needs the models
-                                             waits on it (interruptibly: SIGTERM/SIGINT end the wait)
-    <data_dir>/models/.build-progress.json   {"state": "building"|"done"|"failed"|"stopped", "pid",
-                                             "stage", "done", "total", "started_at", "updated_at",
-                                             "eta_s", "error"}
+    <data_dir>/.models-build.lock    flock'ed by the builder; anyone else who needs the models waits on it
+                                     (interruptibly: SIGTERM/SIGINT end the wait)
+    <data_dir>/.models-build.json    {"state": "building"|"done"|"failed"|"stopped", "pid", "stage", "done",
+                                     "total", "started_at", "updated_at", "eta_s", "error"}
+
+(Beside `models/`, not in it: the models folder holds models and the build's temporary folder only.)
 
 The hooks inside the build are two lines of warmstart.py: `@one_build_at_a_time` on `ensure_models`,
 and `BuildProgress` in place of the tqdm bar (it has the three methods the build calls: `update`,
@@ -35,8 +36,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
-LOCK_NAME = ".build.lock"
-PROGRESS_NAME = ".build-progress.json"
+LOCK_NAME = ".models-build.lock"
+PROGRESS_NAME = ".models-build.json"
 WRITE_EVERY_S = 1.0  # the progress file is rewritten at most this often (and at every stage change)
 LOG_FRACTION = 0.1  # a log line every tenth of the way
 WAIT_POLL_S = 0.5
@@ -75,7 +76,7 @@ def read_progress(data_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The last build's progress under `data_dir`, or None when none was ever written. A "building" state whose
     process is gone is reported as "died" (a SIGKILL leaves no chance to say so)."""
     try:
-        p = json.loads((models_root(data_dir) / PROGRESS_NAME).read_text())
+        p = json.loads((Path(data_dir).expanduser() / PROGRESS_NAME).read_text())
     except (OSError, json.JSONDecodeError):
         return None
     if not isinstance(p, dict):
@@ -122,10 +123,11 @@ def describe(p: dict[str, Any]) -> str:
 
 
 def _write(root: Path, data: dict[str, Any]) -> None:
-    tmp = root / f"{PROGRESS_NAME}.{os.getpid()}.{threading.get_ident()}.tmp"
+    """`root`: the models folder; the file goes beside it."""
+    tmp = root.parent / f"{PROGRESS_NAME}.{os.getpid()}.{threading.get_ident()}.tmp"
     try:
         tmp.write_text(json.dumps(data))
-        os.replace(tmp, root / PROGRESS_NAME)  # readers never see half a file
+        os.replace(tmp, root.parent / PROGRESS_NAME)  # readers never see half a file
     except OSError:
         pass  # progress is for people; a full disk must not fail the build over it
 
@@ -139,8 +141,8 @@ class BuildProgress:
 
     def __init__(self, root: str | os.PathLike[str], total: int, desc: str = "model build", disable: bool = False,
                  stream: TextIO | None = None, clock: Callable[[], float] = time.time, **_: Any) -> None:
-        self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root = Path(root)  # the models folder
+        self.root.parent.mkdir(parents=True, exist_ok=True)
         self.total, self.desc, self.clock = max(1, int(total)), desc, clock
         self.stream = None if disable else (stream or sys.stderr)
         self.tty = bool(self.stream is not None and getattr(self.stream, "isatty", lambda: False)())
@@ -150,7 +152,8 @@ class BuildProgress:
         self._written = 0.0
         self._logged_tenth = -1
         self._stage_started = (self.started, 0)  # (time, done) where the current stage began
-        self._rates: list[tuple[float, int]] = []  # (time, done) samples for the rate
+        self._rates: list[tuple[float, int]] = []  # (time, done) samples of the current stage, for the rate
+        self._stages = 0
         self.closed = False
         self._flush(force=True)
         self._say(f"{self.desc}: started ({self.total} units of work)")
@@ -159,6 +162,7 @@ class BuildProgress:
 
     def update(self, n: int = 1) -> None:
         if _STOP.is_set():
+            self._flush(force=True)  # where it stopped
             raise BuildStopped("the model build was stopped (a signal or a stop request); nothing was kept")
         self.done = min(self.total, self.done + int(n))
         now = self.clock()
@@ -177,6 +181,8 @@ class BuildProgress:
     def set_postfix_str(self, s: str, refresh: bool = True) -> None:  # noqa: ARG002 - tqdm's signature
         if s == self.stage:
             return
+        self._stages += 1
+        self._rates = []  # a stage's units cost what they cost: the rate is measured afresh in each
         self.stage = s
         self._flush(force=True)
         self._say(self.line())
@@ -192,13 +198,14 @@ class BuildProgress:
     # -- what it writes --------------------------------------------------------------------------------------
 
     def eta_s(self) -> float | None:
-        """Seconds left at the rate of the last few minutes of work (None until 3% is done: the first units are
-        the cheap demo episodes, and an estimate from them would promise far too little)."""
-        if self.done < 0.03 * self.total or not self._rates:
+        """Seconds left at the rate of the current stage over its last few minutes. None during the first stage
+        (the warm start's first units are demo episodes, far cheaper than the training steps after them: a rate
+        from them would promise a fraction of the time) and until a stage has a few samples."""
+        if self._stages < 2 or len(self._rates) < 3:
             return None
         now, done = self._rates[-1]
         window = [r for r in self._rates if now - r[0] <= 180.0]
-        t0, d0 = window[0] if len(window) > 1 and window[0][1] < done else (self.started, 0)
+        t0, d0 = window[0]
         if done <= d0 or now <= t0:
             return None
         return (self.total - done) * (now - t0) / (done - d0)
@@ -233,7 +240,7 @@ def finish(root: str | os.PathLike[str], state: str, error: str = "") -> None:
     """Record how this process's build ended (the lock's holder calls it; a file of another pid is left alone)."""
     root = Path(root)
     try:
-        p = json.loads((root / PROGRESS_NAME).read_text())
+        p = json.loads((root.parent / PROGRESS_NAME).read_text())
     except (OSError, json.JSONDecodeError):
         return
     if p.get("pid") != os.getpid() or p.get("state") != "building":
@@ -249,9 +256,9 @@ def build_lock(root: str | os.PathLike[str], *, say: Callable[[str], None] | Non
     """Hold the models folder's build lock; wait for it (saying so once, then every minute) while another
     process or thread builds. The wait ends with BuildStopped on `request_stop()`."""
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
+    root.parent.mkdir(parents=True, exist_ok=True)
     say = say or (lambda s: print(s, file=sys.stderr, flush=True))
-    fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(root.parent / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         last_said = 0.0
         while True:

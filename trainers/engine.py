@@ -117,8 +117,12 @@ class RunContext:
             return
 
         def on_signal(signum, _frame):  # noqa: ANN001
-            # A graceful stop: finish the phase in flight, write a checkpoint, exit.
+            # A graceful stop: finish the phase in flight, write a checkpoint, exit. A model build or a wait for
+            # another process's build (core/build_progress.py) ends at its next step.
             self.stop_flag.set()
+            from core.build_progress import request_stop
+
+            request_stop()
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
