@@ -34,9 +34,10 @@ import pandas as pd
 import yaml
 
 from app import views
-from core import library_io, merge
+from core import build_progress, library_io, merge
 from core.config import ConfigError, LibraryConfig, default_db_url
 from core.library_io import MAX_ENTRY_CHARS
+from core.metrics import mcnemar_test, paired_outcomes
 from core.store import INT32, ExperienceStore, NewEntry, NotFoundError, StaleWriteError, StoreError
 from core.types import Experience, Source, Status, format_entry_text
 
@@ -48,6 +49,7 @@ DEFAULT_UPLOAD_CAP_MB = 20.0
 ARM_KINDS = ("current", "version", "file", "none", "minus", "plus")
 MAX_SEEDS = 10_000
 LOG_TAIL_BYTES = 64_000
+BUILD_SHOWN_S = 600.0  # a finished model build stays on the Runs tab this long ("models ready")
 ROWS_PER_KEY_PER_PULL = 10_000  # metric rows read per (run, key) per refresh: a long history loads over a few ticks
 PULL_INTERVAL_S = 0.5  # sessions refreshing within this of each other share one read of the store
 
@@ -410,7 +412,27 @@ class Workbench:
         self.store.reap_dead_runs()  # a trainer killed anywhere (not only one we started) shows as died
         runs = self.store.list_runs()
         latest = {r["id"]: self.store.latest_metrics(r["id"]) for r in runs[:200]}
-        return views.runs_table(runs, latest)
+        return views.runs_table(runs, latest, build=build_progress.building(self.data_dir))
+
+    # -- the model build (core/build_progress.py): one at a time, shown while it runs ---------------------
+
+    def build_state(self) -> dict[str, Any] | None:
+        """The model build in flight under this data dir (with the run whose process builds it), or one that ended
+        in the last BUILD_SHOWN_S; else None."""
+        p = build_progress.read_progress(self.data_dir)
+        if p is None:
+            return None
+        if p["state"] != "building" and time.time() - float(p.get("updated_at") or 0) > BUILD_SHOWN_S:
+            return None
+        p = dict(p)
+        p["run_id"] = next((r["id"] for r in self.store.list_runs() if r.get("pid") == p.get("pid")
+                            and r["status"] in ("created", "starting", "running", "paused")), None)
+        p["is_app"] = p.get("pid") == os.getpid()
+        return p
+
+    def build_html(self) -> str:
+        """The build's progress bar with its ETA (Runs tab, Live curves); empty when no build is worth showing."""
+        return views.build_progress_html(self.build_state())
 
     def run_choices(self) -> list[tuple[str, int]]:
         return [(f"#{r['id']} {r['name']} ({r['status']})", r["id"]) for r in self.store.list_runs()]
@@ -441,12 +463,14 @@ class Workbench:
         ok, why = trainer_available()
         if not ok:
             raise UserInputError(f"cannot check the fields: {why}")
-        from trainers.config import load_run_config
+        from trainers.config import check_model_paths, load_run_config
 
         try:
-            return load_run_config(data)
+            cfg = load_run_config(data)
+            check_model_paths(cfg, self.data_dir)  # a model folder that is not there: refused before any row exists
         except ConfigError as e:
             raise UserInputError(str(e)) from None
+        return cfg
 
     def validate_config(self, text: str) -> str:
         try:
@@ -507,6 +531,9 @@ class Workbench:
         run = self.store.get_run(rid)
         if run["status"] in ("created", "starting", "running", "paused") and _alive(run.get("pid")):
             return _err(f"run {rid} is still {run['status']} (process {run['pid']}); stop it first")
+        why = self._steps_left(run, max_steps, "resume")
+        if why:
+            return _err(why)
         args = ["train", "--resume", str(rid)]
         if max_steps:
             args += ["--max-steps", str(_max_steps(max_steps))]
@@ -524,15 +551,45 @@ class Workbench:
         ck = Path(parent["checkpoint_dir"]) / "latest" if parent.get("checkpoint_dir") else None
         if ck is None or not ck.exists():
             return _err(f"run {rid} has no checkpoint yet; forks start from a checkpoint")
+        why = self._steps_left(parent, max_steps, "fork")
+        if why:
+            return _err(why)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         log_path = self.data_dir / "logs" / f"train-fork-{rid}-{stamp}.log"
-        new_id = self.store.create_run(f"{parent['name']} (fork of {rid})", variant=parent["variant"], env=parent["env"],
+        name = f"{parent['name']} (fork of {rid})"[:200]
+        new_id = self.store.create_run(name, variant=parent["variant"], env=parent["env"],
                                        config=parent["config"], status="created", log_path=str(log_path), parent_run_id=rid)
-        args = ["train", "--fork", str(rid), "--run-id", str(new_id)]
+        # The fork starts where its parent's checkpoint is: the table says so from the first refresh.
+        self.store.update_run(new_id, step=int(parent.get("step") or 0))
+        args = ["train", "--fork", str(rid), "--run-id", str(new_id), "--name", name]
         if max_steps:
             args += ["--max-steps", str(_max_steps(max_steps))]
         launched = self._spawn("run", args, log_path.name, run_id=new_id)
         return _ok(f"forked run {rid} into run {new_id} (process {launched.proc.pid}); log: {log_path}")
+
+    def _steps_left(self, run: dict[str, Any], max_steps: Any, verb: str) -> str:
+        """Why a resume or fork of `run` would end at once (its step is already at the step cap), else ""."""
+        from trainers.config import load_run_config
+
+        try:
+            cap = _max_steps(max_steps) or load_run_config(run["config"]).run.max_steps
+        except (UserInputError, ConfigError, TypeError, ValueError):
+            return ""  # the trainer says what is wrong with a stored config
+        step = int(run.get("step") or 0)
+        if step >= cap:
+            return (f"run {run['id']} is at step {step}, and the {verb} would stop at max steps {cap}: nothing to train. "
+                    f"Give a larger max steps (e.g. {step + max(10, step // 2)}).")
+        return ""
+
+    def run_details(self, run_id: Any) -> str:
+        """What one line of the runs table leaves out: the back end, the parent, the log, the error."""
+        try:
+            rid = self._run_id(run_id)
+        except (UserInputError, StoreError) as e:
+            return _err(str(e))
+        r = self.store.get_run(rid)
+        children = [x["id"] for x in self.store.list_runs() if x.get("parent_run_id") == rid]
+        return views.run_details_md(r, children, self.build_state())
 
     def start_demo_run(self, config_name: str = "minihack_room_cpu.yaml") -> str:
         """`comprl app --demo`: start the CPU default run unless one is already running."""
@@ -671,6 +728,8 @@ class Workbench:
                 sess.edit_cursor = edits[-1]["id"]
                 sess.edit_times.extend(e["created_at"] for e in edits)
                 dirty |= {p.id for p in views.PANELS}
+            if dirty:
+                dirty.add("gap")  # derived from the other panels' series
             figs: list[str | None] = []
             names = {r["id"]: f"#{r['id']} {r['name']}"[:32] for r in self.store.list_runs()} if dirty else {}
             marks = self._edit_marks(sess.edit_times, runs, x_axis) if dirty and sess.edit_times else []
@@ -681,11 +740,20 @@ class Workbench:
                 series = []
                 for rid in runs:
                     for ck in panel.keys:
+                        if ck.gap is not None:
+                            sv = self._gap_view(rid, ck, x_axis, smoothing)
+                            if sv is not None:
+                                series.append(sv)
+                            continue
                         h = self.metrics.get(rid, ck.key)
                         sm = sess.smoothed.get((rid, ck.key))
                         if h is not None and sm is not None and sm.n:
                             x = (h.times if x_axis == "time" else h.steps).view[: sm.n]
-                            series.append(views.SeriesView(rid, ck.key, x, h.values.view[: sm.n], sm.smooth.view))
+                            sv = views.SeriesView(rid, ck.key, x, h.values.view[: sm.n], sm.smooth.view)
+                            if ck.ci is not None:
+                                steps = h.steps.view[: sm.n]
+                                sv.lo, sv.hi = (views.at_steps(steps, self._series(rid, k)) for k in ck.ci)
+                            series.append(sv)
                 fig = views.curve_figure(panel, series, run_names=names, x_axis=x_axis, smoothing=smoothing,
                                          edit_marks=marks)
                 figs.append(views.figure_json(fig))
@@ -695,6 +763,59 @@ class Workbench:
                   f"{len(sess.edit_times)} human edits · refreshed in {ms:.0f} ms"
                   f"{' · loading history…' if loading else ''}" if runs else "choose one or more runs to plot")
         return token, figs, status
+
+    def _series(self, run_id: int, key: str) -> tuple[np.ndarray, np.ndarray] | None:
+        h = self.metrics.get(run_id, key)
+        return None if h is None or not h.values.n else (h.steps.view, h.values.view)
+
+    def _gap_view(self, run_id: int, ck: views.CurveKey, x_axis: str, smoothing: float) -> views.SeriesView | None:
+        a, b = (self._series(run_id, k) for k in ck.gap)
+        if a is None or b is None:
+            return None
+        steps, y = views.gap_series(a, b)
+        if not len(steps):
+            return None
+        x = steps
+        if x_axis == "time":
+            h = self.metrics.get(run_id, ck.gap[0])
+            x = views.at_steps(steps, (h.steps.view, h.times.view))
+        smooth, _ = views.ema(y, smoothing)
+        return views.SeriesView(run_id, ck.key, x, y, smooth)
+
+    def curves_csv(self, run_ids: Sequence[Any] | None, panel_id: str | None) -> tuple[str | None, str]:
+        """(path, message): the raw points of one panel (or of every panel) for the chosen runs, as CSV under
+        <data-dir>/exports: run, key, step, time, value. Gaps are left to the reader (both sources are in it)."""
+        runs = sorted({r for r in (_maybe_id(x) for x in (run_ids or [])) if r is not None})
+        if not runs:
+            return None, _err("choose one or more runs first")
+        panels = [p for p in views.PANELS if panel_id in (None, "", "all", p.id)]
+        if not panels:
+            return None, _err(f"no panel named {panel_id!r}")
+        keys = list(dict.fromkeys(k for p in panels for c in p.keys
+                                  for k in ((c.key,) if c.gap is None else c.gap) + (c.ci or ())))
+        names = {r["id"]: r["name"] for r in self.store.list_runs()}
+        rows = []
+        for rid in runs:
+            for k in keys:
+                after = 0
+                while True:  # every point, a page at a time
+                    cols = self.store.metric_series_since(rid, k, after_id=after, limit=ROWS_PER_KEY_PER_PULL)
+                    if not len(cols["id"]):
+                        break
+                    rows += [(rid, names.get(rid, ""), k, float(st), float(t), float(v))
+                             for st, t, v in zip(cols["step"], cols["time"], cols["value"])]
+                    after = int(cols["id"][-1])
+        which = panel_id if panel_id not in (None, "", "all") else "all-panels"
+        path = self.data_dir / "exports" / f"curves-{which}-runs-{'-'.join(map(str, runs))}-{time.strftime('%Y%m%d-%H%M%S')}.csv"
+        path.write_text(views.curves_csv(rows))
+        return str(path), _ok(f"exported {len(rows):,} points of {len(keys)} series to {path.name}")
+
+    def default_curve_runs(self) -> list[int]:
+        """What Live curves shows on a fresh page: the runs that are running (a new user's first run), else the
+        newest run."""
+        runs = self.store.list_runs()
+        live = [r["id"] for r in runs if r["status"] in ("running", "starting", "created", "paused")]
+        return live[:4] or [r["id"] for r in runs[:1]]
 
     def _edit_marks(self, edit_times: list[float], runs: list[int], x_axis: str) -> list[float]:
         """Edit positions on the x axis: their times, or on a step axis the step the first chosen run had
@@ -759,12 +880,25 @@ class Workbench:
         except UserInputError as e:
             return views.entries_table([], scores=[]), _err(str(e))
         m = self.manager()
-        m.sync()
-        hits = m.search_sync([query], k=k, task=env or None)[0]
-        entries = self.store.get_many([h.entry_id for h in hits])
-        found = [(entries[h.entry_id], h.score) for h in hits if h.entry_id in entries]
-        return (views.entries_table([e for e, _ in found], scores=[s for _, s in found], verdicts=self.verdicts([e for e, _ in found])),
-                f"{len(found)} entries closest in meaning to {query!r}" + (f" in env {env}" if env else ""))
+        m.sync()  # embeds entries written without an embedder
+        # By the entry's own text (its title, description and content), not its task key: every entry of one task
+        # has the same key, so a search by key ties them all. The key's score is shown beside it.
+        ids, vecs, entries = self.store.active_vectors("text")
+        if env:
+            keep = np.array([e.env == env for e in entries], dtype=bool)
+            ids, vecs, entries = ids[keep], vecs[keep], [e for e, k in zip(entries, keep) if k]
+        if not len(ids):
+            return views.entries_table([], scores=[]), "no active entry to search" + (f" in env {env}" if env else "")
+        qv = np.asarray(m.embedder.embed_queries([query])[0], dtype=np.float32)
+        scores = _cosine(vecs, qv)
+        order = np.argsort(-scores, kind="stable")[:k]
+        keyvecs = self.store.embeddings([int(ids[i]) for i in order], key="query")
+        found = [entries[i] for i in order]
+        task_scores = [float(_cosine(keyvecs[e.id][None, :], qv)[0]) if e.id in keyvecs else float("nan") for e in found]
+        return (views.entries_table(found, scores=[float(scores[i]) for i in order], verdicts=self.verdicts(found),
+                                    task_scores=task_scores),
+                f"{len(found)} entries whose text is closest in meaning to {query!r}" + (f" in env {env}" if env else "") +
+                " (score: the entry's text; task score: its task key, which every entry of a task shares)")
 
     # -- library: one entry ------------------------------------------------------------------------
 
@@ -785,7 +919,8 @@ class Workbench:
         children = self.store.get_many(self.store.children(eid))
         return {
             "error": "", "id": e.id, "version": e.version, "text": e.text, "meta": views.entry_meta_md(e),
-            "lineage": views.lineage_md(e, parents, children), "usage": views.usage_table(self.store.usage(eid)),
+            "lineage": views.lineage_md(e, parents, children), "usage": views.usage_table(usage := self.store.usage(eid)),
+            "usage_note": views.usage_note(e, len(usage)), "source_episode": e.source_episode_id,
             "history": views.history_table(versions), "versions": [v.version for v in versions], "status": e.status.value,
         }
 
@@ -905,12 +1040,11 @@ class Workbench:
             parents = self._merge_parents(ids_text)
         except UserInputError as e:
             return views.diff_html("", str(e))
-        import difflib
+        from core.store import text_diff
 
         out = []
         for p in parents:
-            d = "".join(difflib.unified_diff(p.text.splitlines(True), (text or "").splitlines(True), f"#{p.id} v{p.version}",
-                                             "merged"))
+            d = text_diff(p.text, text or "", f"#{p.id} v{p.version}", "merged")
             out.append(f"<div class='turn-head'>#{p.id} → merged</div>" + views.diff_html(d))
         return "".join(out)
 
@@ -969,7 +1103,7 @@ class Workbench:
             return _err(f"the uploaded file {p.name} is gone; upload it again")
         size = p.stat().st_size
         if size > self.upload_cap_bytes:
-            return _err(f"{p.name} is {size / 1e6:.1f} MB, over the upload cap of {self.upload_cap_bytes / 1e6:.1f} MB; "
+            return _err(f"{p.name} is {views.fmt_bytes(size)}, over the upload cap of {views.fmt_bytes(self.upload_cap_bytes)}; "
                         "split it or import it with `comprl library import`")
         try:
             rep = library_io.import_library(self.store, p, keep_ids=not fresh_ids)
@@ -1004,7 +1138,7 @@ class Workbench:
                 raise UserInputError(f"arm {label}: upload an exported library file (JSONL)")
             src = Path(file_path)
             if src.stat().st_size > self.upload_cap_bytes:
-                raise UserInputError(f"arm {label}: {src.name} is over the upload cap of {self.upload_cap_bytes / 1e6:.1f} MB")
+                raise UserInputError(f"arm {label}: {src.name} is over the upload cap of {views.fmt_bytes(self.upload_cap_bytes)}")
             try:
                 library_io.parse_library_lines(library_io.read_library_file(src))
             except library_io.LibraryFileError as e:
@@ -1081,9 +1215,28 @@ class Workbench:
             return _err(str(e)), "", *empty
         self.reap_processes()
         t = self.store.get_ab_test(aid)
-        eps = self.store.list_trajectories(ab_test_id=t["id"], limit=500)
-        return (views.ab_summary_md(t), views.progress_bar_html(t["progress"], t["status"]),
-                views.ab_results_table(t["results"]), views.ab_per_task_table(t["results"]), views.episodes_table(eps))
+        eps, paired = self.ab_paired(t)
+        summary = views.ab_summary_md(t, paired)
+        b = build_progress.building(self.data_dir)
+        if t["status"] in ("created", "running") and b is not None:
+            summary += "  \nwaiting for the " + build_progress.describe(b) + " (one build at a time)"
+        return (summary, views.progress_bar_html(t["progress"], t["status"]),
+                views.ab_results_table(t["results"]), views.ab_per_task_table(t["results"]), views.episodes_table(eps[:500]))
+
+    def ab_paired(self, test: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+        """(the test's episodes, oldest first, each with its "arm"; McNemar's paired test, or None before both
+        arms have played). The evaluator plays arm A's episodes, then arm B's, one per seed each, and stores each
+        arm's at once: the first len(seeds) episodes of the test are A's. Pairs are matched by seed."""
+        n = len(test["config"].get("seeds", []))
+        eps = sorted(self.store.list_trajectories(ab_test_id=test["id"], limit=2 * n + 10), key=lambda t: t["id"])
+        for i, t in enumerate(eps):
+            t["arm"] = "A" if i < n else "B"
+        if not n or len(eps) < 2 * n:
+            return eps, None
+        by_arm = {arm: {t["seed"]: t["success"] for t in eps if t["arm"] == arm} for arm in ("A", "B")}
+        counts = paired_outcomes(by_arm["A"], by_arm["B"])
+        p, method = mcnemar_test(counts["a_only"], counts["b_only"])
+        return eps, {**counts, "p_value": p, "method": method}
 
     def ab_log_tail(self, ab_id: Any, lines: int = 40) -> str:
         try:
@@ -1096,6 +1249,7 @@ class Workbench:
     # -- episodes: replay and live play ----------------------------------------------------------------
 
     def episodes(self, run_id: Any = None, ab_id: Any = None, limit: int = 200) -> pd.DataFrame:
+        run_id, ab_id = (None if isinstance(x, str) and not x.strip() else x for x in (run_id, ab_id))
         ids = [_maybe_id(x) for x in (run_id, ab_id)]
         if any(i is None and x not in (None, "") for i, x in zip(ids, (run_id, ab_id))):
             return views.episodes_table([])  # an id no run or test can have: nothing to show (not every episode)
@@ -1109,6 +1263,16 @@ class Workbench:
         except StoreError as e:
             return f"<div class='comprl-error'>{html.escape(str(e))}</div>"
         return views.trajectory_html(t)
+
+    def source_episode_html(self, entry_id: Any) -> str:
+        """The episode an extracted entry was written from, as a replay."""
+        try:
+            e = self.store.get(self._entry_id(entry_id))
+        except (UserInputError, StoreError) as err:
+            return f"<div class='comprl-error'>{html.escape(str(err))}</div>"
+        if e.source_episode_id is None:
+            return f"<em>entry #{e.id} was not written from a stored episode</em>"
+        return self.replay(e.source_episode_id)
 
     def envs(self) -> list[str]:
         from envs.registry import list_envs
@@ -1155,6 +1319,13 @@ class Workbench:
                 ckpt = (checkpoint or "").strip()
                 if ckpt and not Path(ckpt).is_dir():
                     return token or "", views.live_episode_html([]), _err(f"checkpoint {ckpt!r} is not a model folder")
+                b = build_progress.building(self.data_dir)
+                if not ckpt and b is not None:
+                    # The default models are being built (one build at a time): say so now, rather than hold this
+                    # request for the rest of the build.
+                    return token or "", views.live_episode_html([]), _err(
+                        f"the default models are being built ({build_progress.describe(b)}); the policy can play once "
+                        "they are ready. Watch the scripted expert meanwhile, or name a model folder.")
                 player = player_cls(env_name, seed_i, data_dir=str(self.data_dir), db_url=self.db_url, checkpoint=ckpt,
                                     use_library=use_library)
                 play = _Play(player, "policy")
@@ -1225,6 +1396,12 @@ def _tail(path: Path, lines: int) -> str:
     except OSError as e:
         return f"cannot read {path}: {e}"
     return "\n".join(data.splitlines()[-lines:])
+
+
+def _cosine(vecs: np.ndarray, q: np.ndarray) -> np.ndarray:
+    vecs = np.asarray(vecs, dtype=np.float32)
+    norms = np.linalg.norm(vecs, axis=1) * (float(np.linalg.norm(q)) or 1.0)
+    return (vecs @ q) / np.where(norms > 0, norms, 1.0)
 
 
 def _redact(url: str) -> str:

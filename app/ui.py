@@ -24,6 +24,11 @@ TABLE_REFRESH_S = 2.0
 PLAY_INTERVAL_S = 0.4
 
 
+def _id_box(label: str, elem_id: str, **kw: Any) -> gr.Textbox:
+    """An id typed or filled in by a click: empty until then (a number box would show 0, an id nothing has)."""
+    return gr.Textbox(label=label, elem_id=elem_id, lines=1, max_lines=1, placeholder="empty", **kw)
+
+
 def _plot(fig_json: str | None) -> Any:
     return gr.skip() if fig_json is None else PlotData(type="plotly", plot=fig_json)
 
@@ -43,13 +48,15 @@ def _choices(new: list[tuple[str, int]], old: list | None) -> tuple:
 
 def _entry_out(d: dict[str, Any], with_text: bool) -> tuple:
     if d.get("error"):
-        n = 10 if with_text else 8
+        n = 12 if with_text else 10
         return (d["error"], *[gr.skip()] * (n - 1))
     versions = d["versions"]
     vdrop = gr.update(choices=versions, value=versions[-1])
     vfrom = gr.update(choices=versions, value=versions[-2] if len(versions) > 1 else versions[-1])
     head = (f"entry #{d['id']} loaded at version {d['version']} ({d['status']})", d["meta"])
-    tail = (d["lineage"], d["usage"], d["history"], vfrom, vdrop, gr.update(choices=versions, value=versions[0]))
+    tail = (d["lineage"], d["usage"], d["history"], vfrom, vdrop, gr.update(choices=versions, value=versions[0]),
+            d["usage_note"], gr.update(visible=d["source_episode"] is not None, value=f"Replay the source episode #{d['source_episode']}"
+                                       if d["source_episode"] is not None else "Replay the source episode"))
     if with_text:
         return (*head, d["text"], d["version"], *tail)
     return (*head, *tail)
@@ -70,19 +77,23 @@ def build(wb: Workbench) -> gr.Blocks:
     facets = wb.library_facets()
     with gr.Blocks(title="Complementary RL workbench", analytics_enabled=False) as demo:
         header = gr.Markdown(wb.overview_md(), elem_id="overview")
+        html_js = views.STEPPER_JS
         table_timer = gr.Timer(TABLE_REFRESH_S)
         with gr.Tabs():
             # ---------------------------------------------------------------- Runs
             with gr.Tab("Runs", id="runs", elem_id="tab-runs"):
-                runs_df = gr.Dataframe(value=wb.runs_table(), interactive=False, elem_id="runs-table", label="runs (click one to choose it)",
-                                       column_widths=views.RUN_COLUMN_WIDTHS,
-                                       max_height=320, wrap=True)
+                build_runs = gr.HTML(wb.build_html(), elem_id="build-progress-runs")
+                runs_df = gr.Dataframe(value=wb.runs_table(), interactive=False, elem_id="runs-table",
+                                       label="runs (click one for its details)", column_widths=views.RUN_COLUMN_WIDTHS,
+                                       max_height=320, wrap=False)
+                run_details = gr.Markdown(elem_id="run-details")
                 with gr.Row():
-                    run_id = gr.Number(label="run id", precision=0, elem_id="run-id", scale=1)
+                    run_id = _id_box("run id", "run-id", scale=1)
                     pause_btn = gr.Button("Pause", elem_id="run-pause", scale=1)
                     resume_btn = gr.Button("Resume", elem_id="run-resume", scale=1)
                     stop_btn = gr.Button("Stop", elem_id="run-stop", variant="stop", scale=1)
-                    fork_steps = gr.Number(label="resume: max steps (0: the config's)", precision=0, scale=1)
+                    fork_steps = gr.Number(label="resume / fork: max steps (0: the config's)", precision=0, scale=1,
+                                           elem_id="fork-steps")
                     fork_btn = gr.Button("Resume from checkpoint", elem_id="run-resume-ckpt", scale=1)
                     fork_new_btn = gr.Button("Fork into a new run", elem_id="run-fork", scale=1)
                 run_msg = gr.Markdown(elem_id="run-msg")
@@ -115,7 +126,14 @@ def build(wb: Workbench) -> gr.Blocks:
                     smoothing = gr.Slider(0.0, 0.99, value=0.6, step=0.01, label="smoothing (EMA; raw series faint behind)",
                                           elem_id="curve-smoothing", scale=2)
                     x_axis = gr.Radio(["step", "time"], value="step", label="x axis", elem_id="curve-xaxis", scale=1)
+                build_curves = gr.HTML(wb.build_html(), elem_id="build-progress-curves")
                 curve_status = gr.Markdown(elem_id="curve-status")
+                with gr.Row():
+                    csv_panel = gr.Dropdown(choices=[("every panel", "all")] + [(p.title, p.id) for p in views.PANELS], value="all",
+                                            label="export a panel's points as CSV", elem_id="curve-csv-panel", scale=3)
+                    csv_btn = gr.Button("Export CSV", elem_id="curve-csv-btn", scale=1)
+                    csv_file = gr.File(label="CSV", interactive=False, elem_id="curve-csv-file", scale=2)
+                    csv_msg = gr.Markdown(elem_id="curve-csv-msg")
                 plots = []
                 panels = list(views.PANELS)
                 for i in range(0, len(panels), 2):
@@ -156,7 +174,7 @@ def build(wb: Workbench) -> gr.Blocks:
 
                 gr.Markdown("### Entry")
                 with gr.Row():
-                    e_id = gr.Number(label="entry id", precision=0, elem_id="entry-id", scale=1)
+                    e_id = _id_box("entry id", "entry-id", scale=1)
                     e_open = gr.Button("Open", elem_id="entry-open", scale=1)
                     e_version = gr.Number(label="editing version", precision=0, interactive=False, elem_id="entry-version",
                                           scale=1)
@@ -173,8 +191,11 @@ def build(wb: Workbench) -> gr.Blocks:
                         e_msg = gr.Markdown(elem_id="entry-msg")
                     with gr.Column(scale=2):
                         e_lineage = gr.Markdown(elem_id="entry-lineage")
+                        e_usage_note = gr.Markdown(elem_id="entry-usage-note")
                         e_usage = gr.Dataframe(value=views.usage_table([]), interactive=False, label="retrieved by (episodes and outcomes)",
                                                elem_id="entry-usage", max_height=220)
+                        e_src_btn = gr.Button("Replay the source episode", elem_id="entry-source-btn", visible=False, size="sm")
+                e_src_html = gr.HTML(elem_id="entry-source-episode", js_on_load=html_js)
                 e_history = gr.Dataframe(value=views.history_table([]), interactive=False, label="version history", elem_id="entry-history", max_height=260)
                 with gr.Row():
                     v_from = gr.Dropdown(label="diff from version", choices=[], elem_id="diff-from", scale=1)
@@ -207,7 +228,7 @@ def build(wb: Workbench) -> gr.Blocks:
                     m_msg = gr.Markdown(elem_id="merge-msg")
                     m_diff = gr.HTML(elem_id="merge-diff")
                     with gr.Row():
-                        m_undo_id = gr.Number(label="merged entry id", precision=0, elem_id="merge-undo-id")
+                        m_undo_id = _id_box("merged entry id", "merge-undo-id")
                         m_undo = gr.Button("Undo merge", elem_id="merge-undo")
                     gr.Markdown("**Near-duplicate review queue** (clusters of entries whose texts are nearly the same; "
                                 "click a cluster to put its ids in the merge box)")
@@ -220,7 +241,7 @@ def build(wb: Workbench) -> gr.Blocks:
 
                 with gr.Accordion("Import / export (JSONL)", open=False, elem_id="io-box"):
                     with gr.Row():
-                        i_file = gr.File(label=f"library file to import (≤ {wb.upload_cap_bytes / 1e6:.0f} MB)",
+                        i_file = gr.File(label=f"library file to import (≤ {views.fmt_bytes(wb.upload_cap_bytes)})",
                                          file_types=[".jsonl", ".json", ".txt"], elem_id="import-file")
                         with gr.Column():
                             i_fresh = gr.Checkbox(label="give imported entries fresh ids", value=True, elem_id="import-fresh")
@@ -256,16 +277,17 @@ def build(wb: Workbench) -> gr.Blocks:
                 ab_df = gr.Dataframe(value=wb.ab_tests_table(), interactive=False, elem_id="ab-table", max_height=260,
                                      label="A/B tests (click one to open it)")
                 with gr.Row():
-                    ab_id = gr.Number(label="A/B test id", precision=0, elem_id="ab-id")
+                    ab_id = _id_box("A/B test id", "ab-id")
                     ab_open = gr.Button("Open", elem_id="ab-open")
                 ab_progress = gr.HTML(elem_id="ab-progress")
                 ab_summary = gr.Markdown(elem_id="ab-summary")
-                ab_results = gr.Dataframe(value=views.ab_results_table({}), interactive=False, label="success per arm (Wilson 95% intervals)",
+                ab_results = gr.Dataframe(value=views.ab_results_table({}), interactive=False,
+                                          label="success per arm (Wilson 95% intervals; the paired test is in the summary above)",
                                           elem_id="ab-results")
                 ab_tasks = gr.Dataframe(value=views.ab_per_task_table({}), interactive=False, label="per task", elem_id="ab-tasks", max_height=260)
                 ab_eps = gr.Dataframe(value=views.episodes_table([]), interactive=False, label="episodes (click one to replay it)", elem_id="ab-episodes",
                                       max_height=260)
-                ab_episode = gr.HTML(elem_id="ab-episode")
+                ab_episode = gr.HTML(elem_id="ab-episode", js_on_load=html_js)
                 ab_log = gr.Textbox(label="evaluation log", lines=6, max_lines=6, interactive=False, elem_id="ab-log")
 
             # ---------------------------------------------------------------- Agent demo
@@ -287,29 +309,33 @@ def build(wb: Workbench) -> gr.Blocks:
                     d_play = gr.Button("Play", elem_id="demo-play")
                     d_pause = gr.Button("Pause", elem_id="demo-pause")
                 d_status = gr.Markdown(elem_id="demo-status")
-                d_html = gr.HTML(views.live_episode_html([]), elem_id="demo-episode")
+                d_html = gr.HTML(views.live_episode_html([]), elem_id="demo-episode", js_on_load=html_js)
                 play_timer = gr.Timer(PLAY_INTERVAL_S, active=False)
                 with gr.Accordion("Replay a stored episode", open=False, elem_id="replay-box"):
                     with gr.Row():
-                        r_run = gr.Number(label="run id (empty: any)", precision=0, elem_id="replay-run")
-                        r_ab = gr.Number(label="A/B test id (empty: any)", precision=0, elem_id="replay-ab")
+                        r_run = _id_box("run id (empty: any)", "replay-run")
+                        r_ab = _id_box("A/B test id (empty: any)", "replay-ab")
                         r_list = gr.Button("List episodes", elem_id="replay-list")
                     r_df = gr.Dataframe(value=views.episodes_table([]), interactive=False, elem_id="replay-table", max_height=260,
                                         label="episodes (click one to replay it)")
                     with gr.Row():
-                        r_id = gr.Number(label="episode id", precision=0, elem_id="replay-id")
+                        r_id = _id_box("episode id", "replay-id")
                         r_btn = gr.Button("Replay", elem_id="replay-btn")
-                    r_html = gr.HTML(elem_id="replay-episode")
+                    r_html = gr.HTML(elem_id="replay-episode", js_on_load=html_js)
 
         # ======================================================================== wiring
         hidden = "hidden"
         # Runs
         table_timer.tick(lambda: (wb.runs_table(), wb.overview_md()), outputs=[runs_df, header], show_progress=hidden)
+        table_timer.tick(lambda: (wb.build_html(),) * 2, outputs=[build_runs, build_curves], show_progress=hidden)
+        table_timer.tick(lambda rid: wb.run_details(rid) if rid else gr.skip(), inputs=run_id, outputs=run_details,
+                         show_progress=hidden)
         table_timer.tick(lambda rid: wb.log_tail(rid) if rid else gr.skip(), inputs=run_id, outputs=run_log,
                          show_progress=hidden)
         table_timer.tick(lambda: wb.launch_log_tail(), outputs=launch_log, show_progress=hidden)
-        runs_df.select(_row_first_cell, outputs=run_id).then(lambda rid: wb.log_tail(rid), inputs=run_id, outputs=run_log)
-        run_id.submit(lambda rid: wb.log_tail(rid), inputs=run_id, outputs=run_log)
+        runs_df.select(_row_first_cell, outputs=run_id).then(lambda rid: (wb.log_tail(rid), wb.run_details(rid)), inputs=run_id,
+                                                              outputs=[run_log, run_details])
+        run_id.submit(lambda rid: (wb.log_tail(rid), wb.run_details(rid)), inputs=run_id, outputs=[run_log, run_details])
         pause_btn.click(lambda rid: wb.run_command(rid, "pause"), inputs=run_id, outputs=run_msg)
         resume_btn.click(lambda rid: wb.run_command(rid, "resume"), inputs=run_id, outputs=run_msg)
         stop_btn.click(lambda rid: wb.run_command(rid, "stop"), inputs=run_id, outputs=run_msg)
@@ -327,6 +353,7 @@ def build(wb: Workbench) -> gr.Blocks:
         for comp in (curve_runs, smoothing, x_axis):
             comp.change(lambda *a: _curves_out(wb.refresh_curves(*a)), inputs=curve_inputs, outputs=curve_outputs,
                         show_progress=hidden)
+        csv_btn.click(lambda runs, panel: wb.curves_csv(runs, panel), inputs=[curve_runs, csv_panel], outputs=[csv_file, csv_msg])
         table_timer.tick(lambda old: _choices(wb.run_choices(), old), inputs=curve_choices,
                          outputs=[curve_runs, curve_choices], show_progress=hidden)
 
@@ -343,8 +370,11 @@ def build(wb: Workbench) -> gr.Blocks:
         q_text.submit(lambda q, env, k: wb.semantic_search(q, env, k), inputs=[q_text, f_env, q_k], outputs=[q_df, q_md])
 
         # One entry
-        full_outputs = [e_loaded, e_meta, e_text, e_version, e_lineage, e_usage, e_history, v_from, v_to, v_revert]
-        panel_outputs = [e_loaded, e_meta, e_lineage, e_usage, e_history, v_from, v_to, v_revert]
+        full_outputs = [e_loaded, e_meta, e_text, e_version, e_lineage, e_usage, e_history, v_from, v_to, v_revert, e_usage_note,
+                        e_src_btn]
+        panel_outputs = [e_loaded, e_meta, e_lineage, e_usage, e_history, v_from, v_to, v_revert, e_usage_note, e_src_btn]
+        e_src_btn.click(lambda i: wb.source_episode_html(i), inputs=e_id, outputs=e_src_html)
+        refresh_table = dict(fn=lambda *a: wb.library_page(*a), inputs=page_inputs, outputs=[lib_df, page_md])
 
         def open_full(eid: Any) -> tuple:
             return _entry_out(wb.open_entry(eid), with_text=True)
@@ -365,17 +395,20 @@ def build(wb: Workbench) -> gr.Blocks:
         diff_btn.click(lambda i, a, b: wb.diff_versions(i, a, b), inputs=[e_id, v_from, v_to], outputs=diff_html)
         revert_btn.click(lambda i, to, v: wb.revert_entry(i, to, v), inputs=[e_id, v_revert, e_version],
                          outputs=[e_msg, e_version]).then(open_full, inputs=e_id, outputs=full_outputs)
-        e_to_merge.click(lambda ids, i: f"{ids}, {int(i)}".strip(", ") if i else ids, inputs=[m_ids, e_id], outputs=m_ids)
+        e_to_merge.click(lambda ids, i: f"{ids}, {str(i).strip()}".strip(", ") if str(i or "").strip() else ids,
+                         inputs=[m_ids, e_id], outputs=m_ids)
         c_btn.click(lambda t, d, c, env, task: wb.create_entry(t, d, c, env, task),
                     inputs=[c_title, c_desc, c_content, c_env, c_task], outputs=[c_msg, e_id]
-                    ).then(open_full, inputs=e_id, outputs=full_outputs)
+                    ).then(open_full, inputs=e_id, outputs=full_outputs).then(**refresh_table)
+        for ev in (e_save.click, e_archive.click, e_restore.click, revert_btn.click):
+            ev(**refresh_table)
 
         # Merge
         m_propose.click(lambda ids: wb.propose_merge(ids), inputs=m_ids, outputs=[m_text, m_note])
         m_preview.click(lambda ids, t: wb.merge_preview(ids, t), inputs=[m_ids, m_text], outputs=m_diff)
         m_accept.click(lambda ids, t: wb.accept_merge(ids, t), inputs=[m_ids, m_text], outputs=[m_msg, e_id]
-                       ).then(open_full, inputs=e_id, outputs=full_outputs)
-        m_undo.click(lambda i: wb.undo_merge(i), inputs=m_undo_id, outputs=m_msg)
+                       ).then(open_full, inputs=e_id, outputs=full_outputs).then(**refresh_table)
+        m_undo.click(lambda i: wb.undo_merge(i), inputs=m_undo_id, outputs=m_msg).then(**refresh_table)
         d_btn.click(lambda th, across: wb.duplicate_clusters(th, across), inputs=[d_threshold, d_across],
                     outputs=[d_df, d_msg])
 
@@ -385,7 +418,7 @@ def build(wb: Workbench) -> gr.Blocks:
         d_df.select(cluster_to_merge, inputs=d_df, outputs=m_ids)
 
         # Import / export
-        i_btn.click(lambda f, fresh: wb.import_file(f, fresh), inputs=[i_file, i_fresh], outputs=i_msg)
+        i_btn.click(lambda f, fresh: wb.import_file(f, fresh), inputs=[i_file, i_fresh], outputs=i_msg).then(**refresh_table)
         x_btn.click(lambda s: wb.export_library(s), inputs=x_status, outputs=[x_file, x_msg])
 
         # A/B tests
@@ -413,10 +446,15 @@ def build(wb: Workbench) -> gr.Blocks:
         r_df.select(_row_first_cell, outputs=r_id).then(lambda i: wb.replay(i), inputs=r_id, outputs=r_html)
         r_btn.click(lambda i: wb.replay(i), inputs=r_id, outputs=r_html)
 
-        # First paint: the newest run on the curves, the page info of the library.
-        def first_paint() -> tuple:
+        # First paint of every new page: the running run(s) on the curves (else the newest), the library as it is now
+        # (not as it was when the app started), the build's progress.
+        def first_paint(*page_args: Any) -> tuple:
             choices = wb.run_choices()
-            return gr.update(choices=choices, value=[choices[0][1]] if choices else []), [list(c) for c in choices], first_info
+            table, info = wb.library_page(*page_args)
+            facets = wb.library_facets()
+            return (gr.update(choices=choices, value=wb.default_curve_runs()), [list(c) for c in choices], table, info,
+                    gr.update(choices=[""] + facets["env"]), wb.build_html(), wb.build_html(), wb.runs_table())
 
-        demo.load(first_paint, outputs=[curve_runs, curve_choices, page_md])
+        demo.load(first_paint, inputs=page_inputs, outputs=[curve_runs, curve_choices, lib_df, page_md, f_env, build_runs,
+                                                             build_curves, runs_df])
     return demo

@@ -30,6 +30,8 @@ class CurveKey:
     label: str  # legend text
     dash: str = "solid"  # line style: tells the keys of one panel apart, while colour tells runs apart
     axis: int = 1  # 2 = the right-hand y axis (a different scale, e.g. loss next to reward)
+    ci: tuple[str, str] | None = None  # keys of the stored 95% interval (low, high), drawn as error bars
+    gap: tuple[str, str] | None = None  # a derived series: the first key minus the second, at the steps both have
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,10 @@ class Panel:
     y2_title: str = ""
 
 
+def _ci(key: str) -> tuple[str, str]:
+    return f"{key}_ci_low", f"{key}_ci_high"
+
+
 PANELS: tuple[Panel, ...] = (
     Panel("reward", "Policy reward", (CurveKey("policy/reward_with_exp", "with exp"),
                                       CurveKey("policy/reward_without_exp", "without exp", "dash"))),
@@ -47,13 +53,22 @@ PANELS: tuple[Panel, ...] = (
                                              CurveKey("policy/success_without_exp", "without exp", "dash"))),
     Panel("actions", "Mean actions per episode", (CurveKey("policy/actions_with_exp", "with exp"),
                                                   CurveKey("policy/actions_without_exp", "without exp", "dash"))),
-    Panel("heldout", "Held-out success (evaluations)", (CurveKey("eval/success_without_exp", "greedy, without exp", "dash"),
-                                                         CurveKey("eval/success_with_exp", "greedy, with exp"),
-                                                         CurveKey("eval/success_without_exp_sampled", "sampled, without exp", "dot"),
-                                                         CurveKey("eval/success_with_exp_sampled", "sampled, with exp", "dashdot"))),
+    Panel("heldout", "Held-out success (evaluations, Wilson 95% intervals)", (
+        CurveKey("eval/success_without_exp", "greedy, without exp", "dash", ci=_ci("eval/success_without_exp")),
+        CurveKey("eval/success_with_exp", "greedy, with exp", ci=_ci("eval/success_with_exp")),
+        CurveKey("eval/success_without_exp_sampled", "sampled, without exp", "dot", ci=_ci("eval/success_without_exp_sampled")),
+        CurveKey("eval/success_with_exp_sampled", "sampled, with exp", "dashdot", ci=_ci("eval/success_with_exp_sampled")))),
     # Recurring task sets (env.task_set): the held-out panel above plays the seen tasks, this one tasks never trained on.
-    Panel("unseen", "Unseen tasks (evaluations)", (CurveKey("eval/success_unseen_without_exp", "greedy, without exp", "dash"),
-                                                   CurveKey("eval/success_unseen_with_exp", "greedy, with exp"))),
+    Panel("unseen", "Unseen tasks (evaluations, Wilson 95% intervals)", (
+        CurveKey("eval/success_unseen_without_exp", "greedy, without exp", "dash", ci=_ci("eval/success_unseen_without_exp")),
+        CurveKey("eval/success_unseen_with_exp", "greedy, with exp", ci=_ci("eval/success_unseen_with_exp")))),
+    # What experience adds: with minus without, at the steps both were measured.
+    Panel("gap", "Gap: with minus without experience", (
+        CurveKey("gap/policy_success", "training success", gap=("policy/success_with_exp", "policy/success_without_exp")),
+        CurveKey("gap/policy_reward", "training reward", "dot", gap=("policy/reward_with_exp", "policy/reward_without_exp")),
+        CurveKey("gap/eval_success", "held-out success (greedy)", "dash", gap=("eval/success_with_exp", "eval/success_without_exp")),
+        CurveKey("gap/eval_unseen_success", "unseen success (greedy)", "dashdot",
+                 gap=("eval/success_unseen_with_exp", "eval/success_unseen_without_exp")))),
     # Beside the extractor's reward, whether its lessons are true (envs/entry_check.py; recurring MiniHack tasks).
     Panel("extractor", "Extractor reward, loss and entry correctness", (
         CurveKey("extractor/reward_mean", "reward"),
@@ -69,7 +84,10 @@ PANELS: tuple[Panel, ...] = (
                                                               CurveKey("retrieval/same_task_rate", "entry of the episode's own task", "dash"))),
     Panel("search", "Search-and-ask calls", (CurveKey("search_and_ask/calls", "calls"),)),
 )
-CURVE_KEYS: tuple[str, ...] = tuple(k.key for p in PANELS for k in p.keys)
+# Every key the curves read from the store: the plotted ones, their intervals, and the sources of the gaps.
+CURVE_KEYS: tuple[str, ...] = tuple(dict.fromkeys(
+    [k for p in PANELS for c in p.keys for k in ((c.key,) if c.gap is None else ()) + (c.ci or ()) + (c.gap or ())]))
+SPARSE_POINTS = 20  # a series with at most this many points is drawn with markers (one point is no line at all)
 RUN_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22")
 MAX_RAW_POINTS = 1200  # per raw trace after downsampling (min/max pairs keep the spikes)
 MAX_SMOOTH_POINTS = 600  # per smoothed trace (already smooth: fewer points suffice)
@@ -139,6 +157,8 @@ class SeriesView:
     x: np.ndarray
     y: np.ndarray
     y_smooth: np.ndarray
+    lo: np.ndarray | None = None  # the stored 95% interval at each point (NaN where none was stored)
+    hi: np.ndarray | None = None
 
 
 def _hex_rgba(color: str, alpha: float) -> str:
@@ -181,6 +201,19 @@ def curve_figure(panel: Panel, series: Sequence[SeriesView], *, run_names: dict[
         color = run_color(s.run_id)
         name = f"{run_names.get(s.run_id, f'run {s.run_id}')} · {ck.label}"
         yaxis = "y2" if ck.axis == 2 else "y"
+        if len(s.x) <= SPARSE_POINTS:
+            # Sparse (evaluations, a value logged once): every point as a marker on the raw values, with its
+            # interval where one is stored. Smoothing a handful of points would only draw a made-up line.
+            tr: dict[str, Any] = {"type": "scatter", "mode": "lines+markers" if len(s.x) > 1 else "markers",
+                                  "x": _xs(s.x, x_axis), "y": _ys(s.y), "name": name, "yaxis": yaxis, "legendgroup": name,
+                                  "line": {"color": color, "width": 2, "dash": ck.dash},
+                                  "marker": {"color": color, "size": 7}}
+            if s.lo is not None and s.hi is not None and np.isfinite(s.lo).any():
+                tr["error_y"] = {"type": "data", "symmetric": False, "array": np.nan_to_num(s.hi - s.y),
+                                 "arrayminus": np.nan_to_num(s.y - s.lo), "color": _hex_rgba(color, 0.6), "thickness": 1.5,
+                                 "width": 4}
+            data.append(tr)
+            continue
         if smoothing > 0:
             ri = minmax_indices(len(s.x), s.y, MAX_RAW_POINTS)
             data.append({"type": "scattergl" if len(ri) > 2000 else "scatter", "mode": "lines",
@@ -201,13 +234,14 @@ def curve_figure(panel: Panel, series: Sequence[SeriesView], *, run_names: dict[
     layout: dict[str, Any] = {
         "title": {"text": panel.title, "font": {"size": 14}},
         "uirevision": f"curves-{panel.id}",
-        "height": 300,
-        "margin": {"l": 50, "r": 50 if panel.y2_title else 20, "t": 40, "b": 40},
-        "xaxis": {"title": {"text": "wall time" if x_axis == "time" else "step"},
+        "height": 360,
+        "margin": {"l": 50, "r": 50 if panel.y2_title else 20, "t": 40, "b": 100},
+        "xaxis": {"title": {"text": "wall time" if x_axis == "time" else "step", "standoff": 4},
                   "type": "date" if x_axis == "time" else "linear", "showgrid": True, "gridcolor": "#eee",
-                  "zeroline": False},
-        "yaxis": {"showgrid": True, "gridcolor": "#eee", "zeroline": False},
-        "legend": {"orientation": "h", "y": -0.25, "font": {"size": 10}},
+                  "zeroline": False, **(_step_ticks(series) if x_axis == "step" else {})},
+        "yaxis": {"showgrid": True, "gridcolor": "#eee", "zeroline": panel.id == "gap"},
+        # Below the axis title, anchored by its top, with room kept for it: never over the labels.
+        "legend": {"orientation": "h", "x": 0, "y": -0.3, "yanchor": "top", "font": {"size": 10}},
         "shapes": shapes,
         "plot_bgcolor": "white",
         "paper_bgcolor": "white",
@@ -223,6 +257,37 @@ def curve_figure(panel: Panel, series: Sequence[SeriesView], *, run_names: dict[
             {"xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5, "showarrow": False,
              "text": "no data yet for the chosen runs", "font": {"color": "#888"}}]
     return {"data": data, "layout": layout}
+
+
+def _step_ticks(series: Sequence[SeriesView]) -> dict[str, Any]:
+    """Whole-number step ticks (1, 2, 5 × 10^k apart, about 8 of them): never "0.5" on a step axis."""
+    top = max((float(np.max(s.x)) for s in series if len(s.x)), default=1.0)
+    raw = max(1.0, top / 8)
+    base = 10 ** math.floor(math.log10(raw))
+    dtick = next(m * base for m in (1, 2, 5, 10) if m * base >= raw)
+    return {"tickmode": "linear", "tick0": 0, "dtick": max(1, int(dtick)), "tickformat": "d"}
+
+
+def gap_series(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, a − b) at the steps both series have (the last value logged at a step counts)."""
+    da = dict(zip(a[0].tolist(), a[1].tolist()))
+    db = dict(zip(b[0].tolist(), b[1].tolist()))
+    steps = sorted(set(da) & set(db))
+    return np.asarray(steps, dtype=np.float64), np.asarray([da[x] - db[x] for x in steps], dtype=np.float64)
+
+
+def at_steps(steps: np.ndarray, src: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
+    """`src`'s values at `steps` (NaN where it has none): a stored interval beside the value it belongs to."""
+    if src is None:
+        return np.full(len(steps), np.nan)
+    d = dict(zip(src[0].tolist(), src[1].tolist()))
+    return np.asarray([d.get(x, np.nan) for x in steps.tolist()], dtype=np.float64)
+
+
+def curves_csv(rows: Sequence[tuple[int, str, str, float, float, float]]) -> str:
+    """(run id, run name, key, step, time, value) rows as CSV text with a header."""
+    df = pd.DataFrame(list(rows), columns=["run_id", "run_name", "key", "step", "time", "value"])
+    return df.to_csv(index=False)
 
 
 def figure_json(fig: dict[str, Any]) -> str:
@@ -248,6 +313,15 @@ def fmt_time(t: float | None) -> str:
     return "" if not t else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
+def fmt_bytes(n: float) -> str:
+    """Binary units, as the cap is set: 20 MiB is "20 MiB", not "21 MB"."""
+    for unit, size in (("GiB", 1024 ** 3), ("MiB", 1024 ** 2), ("KiB", 1024)):
+        if n >= size:
+            v = n / size
+            return f"{v:.0f} {unit}" if abs(v - round(v)) < 0.05 else f"{v:.1f} {unit}"
+    return f"{int(n)} bytes"
+
+
 def fmt_rate(x: float | None) -> str:
     return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
 
@@ -257,18 +331,84 @@ def short(text: str, width: int = 80) -> str:
 
 
 RUN_COLUMNS = ["id", "name", "variant", "env", "status", "step", "success with exp", "success without exp", "started",
-               "device / back end"]
-RUN_COLUMN_WIDTHS = ["5%", "12%", "10%", "13%", "8%", "6%", "9%", "9%", "13%", "15%"]
+               "device"]
+RUN_COLUMN_WIDTHS = ["5%", "17%", "10%", "16%", "14%", "5%", "8%", "8%", "12%", "5%"]
 
 
-def runs_table(runs: Sequence[dict[str, Any]], latest: dict[int, dict[str, float]]) -> pd.DataFrame:
+def _one_line(text: str, width: int) -> str:
+    text = " ".join(str(text or "").split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def run_status(r: dict[str, Any], build: dict[str, Any] | None) -> str:
+    """The status cell: a running run that has not logged a step yet is building the models, or waiting for them."""
+    status = r["status"]
+    if build is None or status not in ("created", "starting", "running") or r.get("step"):
+        return status
+    pct = 100.0 * min(int(build.get("done") or 0), int(build.get("total") or 1)) / max(1, int(build.get("total") or 1))
+    if r.get("pid") == build.get("pid"):
+        return f"building models {pct:.0f}%"
+    return f"waiting for model build ({pct:.0f}%)"
+
+
+def runs_table(runs: Sequence[dict[str, Any]], latest: dict[int, dict[str, float]],
+               build: dict[str, Any] | None = None) -> pd.DataFrame:
+    """One line per run (click a row for its details: back end, parent, log, error)."""
     rows = []
     for r in runs:
         m = latest.get(r["id"], {})
-        rows.append([r["id"], r["name"], r["variant"], r["env"], r["status"], r["step"],
+        rows.append([r["id"], _one_line(r["name"], 40), r["variant"], _one_line(r["env"], 36), run_status(r, build), r["step"],
                      fmt_rate(m.get("policy/success_with_exp")), fmt_rate(m.get("policy/success_without_exp")),
-                     fmt_time(r["started_at"]), " / ".join(x for x in (r.get("device"), r.get("backend")) if x)])
+                     fmt_time(r["started_at"]), _one_line(r.get("device") or "", 8)])
     return pd.DataFrame(rows, columns=RUN_COLUMNS)
+
+
+def run_details_md(r: dict[str, Any], children: Sequence[int], build: dict[str, Any] | None) -> str:
+    lines = [f"**run #{r['id']} {html.escape(r['name'])}** · {r['variant']} · `{html.escape(r['env'])}` · **{r['status']}** "
+             f"at step {r['step']}"]
+    if r.get("parent_run_id") is not None:
+        lines.append(f"fork of run **#{r['parent_run_id']}** (started from its latest checkpoint)")
+    if children:
+        lines.append("forked into " + ", ".join(f"**#{c}**" for c in children))
+    if r.get("device") or r.get("backend"):
+        lines.append(f"device `{html.escape(r.get('device') or '?')}` · back end {html.escape(r.get('backend') or '?')}")
+    if build is not None and build.get("run_id") == r["id"]:
+        from core.build_progress import describe
+
+        lines.append(describe(build))
+    when = " · ".join(x for x in (f"started {fmt_time(r.get('started_at'))}" if r.get("started_at") else "",
+                                  f"ended {fmt_time(r.get('ended_at'))}" if r.get("ended_at") else "") if x)
+    if when:
+        lines.append(when)
+    if r.get("log_path"):
+        lines.append(f"log `{html.escape(r['log_path'])}`")
+    if r.get("error"):
+        lines.append(f"error: `{html.escape(r['error'].strip().splitlines()[-1][:300])}`")
+    return "  \n".join(lines)
+
+
+def build_progress_html(p: dict[str, Any] | None) -> str:
+    """The model build as a phase of the run: a bar with the stage, the time so far and the time left."""
+    if p is None:
+        return ""
+    from core.build_progress import describe
+
+    total = max(1, int(p.get("total") or 1))
+    pct = 100.0 * min(int(p.get("done") or 0), total) / total
+    state = p.get("state")
+    who = (f"for run #{p['run_id']}" if p.get("run_id") is not None else "for the workbench's policy demo" if p.get("is_app")
+           else f"by process {p.get('pid')}")
+    if state == "building":
+        text = (f"{describe(p)} · {who} · built once, then reused; runs, evaluations, A/B tests and the policy demo wait "
+                "for it (one build at a time)")
+        cls = "building"
+    elif state == "done":
+        text, cls, pct = f"{describe(p)}: the default models are ready; curves start with the first training step", "done", 100.0
+    else:
+        text, cls = describe(p), "failed"
+    return (f"<div class='comprl-build {cls}' id='build-state' data-state='{html.escape(str(state))}'>"
+            f"<div class='comprl-progress'><div class='bar' style='width:{pct:.1f}%'></div>"
+            f"<span>{html.escape(text)}</span></div></div>")
 
 
 # "claim": on recurring tasks with a checker (envs/entry_check.py), whether what the entry says of its task's level
@@ -285,7 +425,8 @@ def _success_rate(e: Experience) -> str:
 
 
 def entries_table(entries: Sequence[Experience], scores: Sequence[float] | None = None,
-                  verdicts: Sequence[str] | None = None) -> pd.DataFrame:
+                  verdicts: Sequence[str] | None = None, task_scores: Sequence[float] | None = None) -> pd.DataFrame:
+    """`scores`: a search's score of each entry's text; `task_scores`: of its task key (shown beside it)."""
     rows = []
     for i, e in enumerate(entries):
         row = [e.id, short(e.text, 70), e.env, short(e.task, 50), e.source.value, e.status.value, e.version,
@@ -293,8 +434,11 @@ def entries_table(entries: Sequence[Experience], scores: Sequence[float] | None 
                CLAIM_LABELS.get(verdicts[i], "–") if verdicts is not None else "–"]
         if scores is not None:
             row.insert(1, round(float(scores[i]), 3))
+            if task_scores is not None:
+                row.insert(2, "" if math.isnan(task_scores[i]) else round(float(task_scores[i]), 3))
         rows.append(row)
-    cols = ENTRY_COLUMNS if scores is None else ENTRY_COLUMNS[:1] + ["score"] + ENTRY_COLUMNS[1:]
+    extra = ([] if scores is None else ["score"]) + (["task score"] if scores is not None and task_scores is not None else [])
+    cols = ENTRY_COLUMNS[:1] + extra + ENTRY_COLUMNS[1:]
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -314,6 +458,17 @@ def usage_table(usage: Sequence[dict[str, Any]]) -> pd.DataFrame:
     rows = [[u["episode_id"] if u["episode_id"] is not None else "", u["run_id"] if u["run_id"] is not None else "", u["step"],
              "success" if u["success"] else "failure", u["reward"], fmt_time(u["time"])] for u in usage]
     return pd.DataFrame(rows, columns=["episode", "run", "step", "outcome", "reward", "when"])
+
+
+def usage_note(e: Experience, rows: int) -> str:
+    """Why "retrieved N×" and the table of episodes can differ: every lookup counts (training, evaluations, the demo,
+    A/B tests), while an outcome is recorded only for a training episode whose result reached the extractor."""
+    if not e.retrieved_count and not rows:
+        return "not retrieved yet"
+    return (f"retrieved {e.retrieved_count}× in all (every lookup counts: training, evaluations, A/B tests, the demo); "
+            f"{e.successes + e.failures} outcomes recorded from training episodes, the latest {rows} listed here"
+            + ("" if rows else " — none yet: the retrievals so far were evaluations, A/B tests, the demo, or training "
+               "episodes whose outcome has not reached the extractor"))
 
 
 def entry_meta_md(e: Experience) -> str:
@@ -338,7 +493,7 @@ def lineage_md(e: Experience, parents: dict[int, Experience], children: dict[int
         out.append(f"Children ({len(children)}):")
         out += [line(c) for c in children.values()]
     if e.source_episode_id is not None:
-        out.append(f"Source episode: #{e.source_episode_id}")
+        out.append(f"Source episode: #{e.source_episode_id} (\"Replay the source episode\" below shows it)")
     if e.generation is not None:
         out.append(f"Generation: extractor model version {e.generation.model_version}, "
                    f"{len(e.generation.response_ids)} response tokens")
@@ -417,7 +572,7 @@ def progress_bar_html(progress: float, status: str) -> str:
             f"<span>{html.escape(status)} · {pct:.0f}%</span></div>")
 
 
-def ab_summary_md(test: dict[str, Any]) -> str:
+def ab_summary_md(test: dict[str, Any], paired: dict[str, Any] | None = None) -> str:
     c, r = test["config"], test["results"] or {}
     arms = c.get("arms", {})
     lines = [f"**A/B test #{test['id']} — {html.escape(test['name'])}** · status **{test['status']}**",
@@ -425,19 +580,31 @@ def ab_summary_md(test: dict[str, Any]) -> str:
              f"`{c.get('checkpoint') or 'default policy'}` · max turns {c.get('max_turns') or 'env default'}",
              f"A: {arm_label(arms.get('A', {}))} · B: {arm_label(arms.get('B', {}))}"]
     if "diff" in r:
-        lines.append(f"difference A − B: **{r['diff']:+.3f}** · two-proportion test p-value **{r['p_value']:.3g}**"
-                     f"{' (significant at 0.05)' if r['p_value'] < 0.05 else ''}")
+        lines.append(f"difference A − B: **{r['diff']:+.3f}**")
+    if paired is not None:
+        p = paired["p_value"]
+        lines.append(f"paired test (both arms play the same {paired['pairs']} tasks): McNemar's, {paired['method']}, p-value "
+                     f"**{p:.3g}**{' (significant at 0.05)' if p < 0.05 else ''}")
+        lines.append(f"discordant pairs: **{paired['a_only']}** solved by A only, **{paired['b_only']}** by B only "
+                     f"(both solved {paired['both']}, neither {paired['neither']}); only these tell the arms apart")
+    elif "p_value" in r:
+        lines.append(f"unpaired two-proportion p-value {r['p_value']:.3g} (the episodes to pair are not all stored)")
     if test.get("error"):
         lines.append(f"error: `{html.escape(test['error'][-500:])}`")
     return "  \n".join(lines)
 
 
 def episodes_table(items: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """Episodes; an "arm" column (A/B tests: which library an episode played with) when they carry one."""
     rows = [[t["id"], t.get("run_id") or "", t.get("ab_test_id") or "", t["step"], t["env"], short(t["task"], 50), t["seed"],
              "yes" if t["with_experience"] else "no", "success" if t["success"] else "failure", round(t["reward"], 3),
              t["num_actions"]] for t in items]
-    return pd.DataFrame(rows, columns=["episode", "run", "A/B", "step", "env", "task", "seed", "with exp", "outcome", "reward",
-                                       "actions"])
+    cols = ["episode", "run", "A/B", "step", "env", "task", "seed", "with exp", "outcome", "reward", "actions"]
+    if any("arm" in t for t in items):
+        for row, t in zip(rows, items):
+            row.insert(3, t.get("arm", ""))
+        cols.insert(3, "arm")
+    return pd.DataFrame(rows, columns=cols)
 
 
 # -- episodes (agent demo, replay) ---------------------------------------------------------------------
@@ -471,11 +638,51 @@ def experience_html(text: str, note: str = "") -> str:
             f"{_pre(text)}</div>")
 
 
+def stepper_html(turns: Sequence[dict[str, Any]], at: int | None = None, dom_id: str = "ep") -> str:
+    """Turn-by-turn, oldest first, one turn at a time with a step slider (a 50-turn episode is one screen, not a
+    7,400-px page). The turns are all in the page; the slider shows one (no round trip). `at`: the turn shown first
+    (default: the last)."""
+    if not turns:
+        return ""
+    n = len(turns)
+    at = n - 1 if at is None else max(0, min(n - 1, at))
+    sid = html.escape(dom_id)
+    # Gradio's HTML component drops <script>: the slider works through an inline handler.
+    on = ("const r=this.closest('.comprl-stepper');const v=+this.value;"
+          "r.querySelectorAll('.comprl-step').forEach((e,i)=>{e.style.display=i===v?'block':'none'});"
+          "r.querySelector('.comprl-step-label').textContent='turn '+v+' of '+(r.querySelectorAll('.comprl-step').length-1);")
+    parts = [f"<div class='comprl-stepper' id='{sid}-stepper'>",
+             f"<div class='comprl-step-controls'><input type='range' class='comprl-step-slider' id='{sid}-slider' min='0' "
+             f"max='{n - 1}' step='1' value='{at}' oninput=\"{on}\" onchange=\"{on}\">"
+             f"<span class='comprl-step-label'>turn {at} of {n - 1}</span></div>"]
+    for i, t in enumerate(turns):
+        parts.append(f"<div class='comprl-step' data-turn='{i}' style='display:{'block' if i == at else 'none'}'>"
+                     f"{turn_html(t)}</div>")
+    parts.append("</div>")
+    return "".join(parts)
+
+
+# The step slider of an episode view, wired once per gr.HTML (js_on_load): Gradio may drop inline handlers, and the
+# component's content is replaced on every update while its element stays.
+STEPPER_JS = """
+const show = (slider) => {
+  const root = slider.closest('.comprl-stepper'); if (!root) return;
+  const steps = root.querySelectorAll('.comprl-step'); const v = +slider.value;
+  steps.forEach((e, i) => { e.style.display = i === v ? 'block' : 'none'; });
+  const label = root.querySelector('.comprl-step-label');
+  if (label) label.textContent = 'turn ' + v + ' of ' + (steps.length - 1);
+};
+element.addEventListener('input', (ev) => { if (ev.target.classList && ev.target.classList.contains('comprl-step-slider')) show(ev.target); });
+element.addEventListener('change', (ev) => { if (ev.target.classList && ev.target.classList.contains('comprl-step-slider')) show(ev.target); });
+"""
+
+
 def live_episode_html(turns: Sequence[dict[str, Any]], experience: str = "", note: str = "") -> str:
-    """The episode so far, newest turn first, with the experience block the agent was given on top."""
+    """The episode so far: the experience block the agent was given, then a step slider over the turns, oldest
+    first, showing the newest (each new turn moves the slider to it)."""
     if not turns:
         return "<em>press Start to begin an episode</em>"
-    return experience_html(experience, note) + "".join(turn_html(t) for t in reversed(turns))
+    return experience_html(experience, note) + stepper_html(turns, dom_id="live")
 
 
 def trajectory_html(traj: dict[str, Any]) -> str:
@@ -486,11 +693,10 @@ def trajectory_html(traj: dict[str, Any]) -> str:
             f"{traj['num_actions']} actions</div><div>task: {html.escape(traj['task'])}</div>")
     body = [head, experience_html(traj.get("experience_text", ""),
                                   ", ".join(f"#{i}" for i in traj.get("experience_ids", [])))]
-    for n, st in enumerate(traj.get("steps", []), start=1):
-        body.append(turn_html({"turn": n, "observation": st.get("observation", ""), "action": st.get("action", ""),
-                               "reward": st.get("reward", 0.0), "tool_query": st.get("tool_query", ""),
-                               "tool_answer": st.get("tool_answer", ""),
-                               "done": n == len(traj["steps"]), "success": traj["success"]}))
+    turns = [{"turn": n, "observation": st.get("observation", ""), "action": st.get("action", ""),
+              "reward": st.get("reward", 0.0), "tool_query": st.get("tool_query", ""), "tool_answer": st.get("tool_answer", ""),
+              "done": n == len(traj["steps"]), "success": traj["success"]} for n, st in enumerate(traj.get("steps", []), start=1)]
+    body.append(stepper_html(turns, at=0, dom_id=f"episode-{traj['id']}"))
     return "".join(body)
 
 
@@ -510,4 +716,11 @@ CSS = """
 .comprl-progress .bar{position:absolute;left:0;top:0;bottom:0;background:#8fd18f}
 .comprl-progress span{position:relative;padding-left:8px;font-size:13px;line-height:22px}
 .comprl-error{color:#b00020}
+.comprl-build{margin:4px 0 8px 0}
+.comprl-build.done .comprl-progress .bar{background:#b9e4b9}
+.comprl-build.failed .comprl-progress .bar{background:#f3b3b3}
+.comprl-step-controls{display:flex;align-items:center;gap:10px;margin:4px 0}
+.comprl-step-slider{flex:1}
+.comprl-step-label{font-size:13px;color:#444;min-width:110px}
+#runs-table td{white-space:nowrap;overflow:hidden;text-overflow:ellipsis}
 """

@@ -1,4 +1,4 @@
-"""Evaluation statistics as pure functions: Wilson score intervals and the two-proportion z-test.
+"""Evaluation statistics as pure functions: Wilson score intervals, the two-proportion z-test and McNemar's paired test.
 
 Used by the A/B tests of two library states (the workbench shows them, the evaluator computes
 them) and by held-out evaluation. Only `math`: no numpy, no scipy, so any floor may import it.
@@ -46,3 +46,38 @@ def two_proportion_test(s1: int, n1: int, s2: int, n2: int) -> tuple[float, floa
         return p1 - p2, 1.0
     z = (p1 - p2) / se
     return p1 - p2, math.erfc(abs(z) / math.sqrt(2.0))
+
+
+EXACT_MCNEMAR_BELOW = 25  # discordant pairs under which the exact binomial test is used (Fagerland et al.'s advice)
+
+
+def mcnemar_test(a_only: int, b_only: int) -> tuple[float, str]:
+    """(two-sided p-value, method) of McNemar's test for paired outcomes: the same tasks played by both arms.
+
+    Only the discordant pairs count: `a_only` tasks that A solved and B did not, `b_only` the reverse. Under
+    "no difference" each discordant pair goes either way with probability 1/2. With fewer than
+    EXACT_MCNEMAR_BELOW discordant pairs the exact binomial test (p = min(1, 2·P[X ≤ min(a, b)]), X ~ Bin(a+b, ½));
+    otherwise the chi-square statistic with continuity correction, (|a − b| − 1)² / (a + b), on one degree of
+    freedom (p = erfc(√(χ²/2))). No discordant pair: p-value 1 (nothing tells the arms apart)."""
+    if a_only < 0 or b_only < 0:
+        raise ValueError(f"need discordant counts >= 0, got {a_only}, {b_only}")
+    n = a_only + b_only
+    if n == 0:
+        return 1.0, "exact"
+    if n < EXACT_MCNEMAR_BELOW:
+        k = min(a_only, b_only)
+        tail = sum(math.comb(n, i) for i in range(k + 1)) / 2.0 ** n
+        return min(1.0, 2.0 * tail), "exact"
+    chi2 = max(0.0, abs(a_only - b_only) - 1.0) ** 2 / n
+    return math.erfc(math.sqrt(chi2 / 2.0)), "chi-square, continuity-corrected"
+
+
+def paired_outcomes(a: dict, b: dict) -> dict[str, int]:
+    """Counts of the 2x2 table of paired outcomes from {task key: success} per arm, over the keys both arms played:
+    both solved, only A, only B, neither."""
+    keys = sorted(set(a) & set(b), key=str)
+    out = {"pairs": len(keys), "both": 0, "a_only": 0, "b_only": 0, "neither": 0}
+    for k in keys:
+        x, y = bool(a[k]), bool(b[k])
+        out["both" if x and y else "a_only" if x else "b_only" if y else "neither"] += 1
+    return out

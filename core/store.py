@@ -447,6 +447,12 @@ class NewEntry:
     counters: dict[str, Any] | None = None  # only imports restore counters
 
 
+def text_diff(old: str, new: str, from_label: str, to_label: str) -> str:
+    """Unified diff of two texts, one line per line. (difflib on `splitlines(True)` joins a last line without a newline
+    to the next one: "-old last+new last" on one line, the added line never shown as added.)"""
+    return "\n".join(difflib.unified_diff(old.splitlines(), new.splitlines(), from_label, to_label, lineterm=""))
+
+
 class ExperienceStore:
     """All reads and writes of the workbench's data. Thread-safe; many processes may share one URL."""
 
@@ -830,7 +836,7 @@ class ExperienceStore:
     def diff(self, entry_id: int, v_from: int, v_to: int) -> str:
         """Unified diff of the entry's text between two versions."""
         a, b = self.version_text(entry_id, v_from), self.version_text(entry_id, v_to)
-        return "".join(difflib.unified_diff(a.splitlines(True), b.splitlines(True), f"v{v_from}", f"v{v_to}"))
+        return text_diff(a, b, f"v{v_from}", f"v{v_to}")
 
     def revert(self, entry_id: int, to_version: int, *, expected_version: int, actor: str = "human") -> Experience:
         """Make an old version's text current again, as a new version (history is never rewritten)."""

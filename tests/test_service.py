@@ -129,6 +129,72 @@ def test_fork_needs_a_checkpoint(wb):
     assert len(wb.store.list_runs()) == 1  # nothing launched, no row added
 
 
+@pytest.mark.skipif(not TRAINER, reason="trainer not available")
+def test_fork_at_the_step_cap_is_refused_and_a_fork_keeps_its_parent(wb, tmp_path):
+    """The bug: a fork with max steps 0 (the config's) of a run that reached its cap finished at once."""
+    cfg = "run:\n  name: parent\n  max_steps: 12\nenv:\n  names: {minihack/Room-5x5: 1.0}\n"
+    rid = wb.store.create_run("parent", variant="complementary", env="minihack/Room-5x5", config=cfg, status="finished")
+    ck = tmp_path / "ck"
+    (ck / "step_000012").mkdir(parents=True)
+    (ck / "latest").write_text("step_000012")
+    wb.store.update_run(rid, step=12, checkpoint_dir=str(ck))
+    msg = wb.fork_run(rid, 0)
+    assert "at step 12" in msg and "max steps 12" in msg and "larger max steps" in msg
+    assert "at step 12" in wb.resume_run(rid, 0)
+    assert len(wb.store.list_runs()) == 1  # refused before any row
+    msg = wb.fork_run(rid, 20)
+    assert "forked run" in msg, msg
+    child = wb.store.list_runs()[0]
+    assert child["name"] == f"parent (fork of {rid})" and child["parent_run_id"] == rid and child["step"] == 12
+    assert f"fork of run **#{rid}**" in wb.run_details(child["id"]) and f"#{child['id']}" in wb.run_details(rid)
+    proc = wb._launched[-1].proc  # the fake checkpoint cannot train: end the process we started
+    proc.kill()
+    proc.wait(timeout=30)
+
+
+def test_a_config_naming_a_missing_model_folder_makes_no_row(wb):
+    text = "run:\n  name: x\nenv:\n  names: {minihack/Room-5x5: 1.0}\nactor:\n  path: /nonexistent/model\n"
+    assert "does not exist" in wb.launch_run(text)
+    text = "run:\n  name: x\nenv:\n  names: {minihack/Room-5x6: 1.0}\n"
+    assert "unknown env 'minihack/Room-5x6'" in wb.launch_run(text)
+    assert wb.store.list_runs() == []
+
+
+def test_replay_listing_with_empty_filters_lists_every_episode(wb):
+    wb.store.add_trajectories([{"run_id": None, "env": "minihack/Room-5x5", "task": "t", "seed": i, "success": True,
+                                "reward": 1.0, "num_actions": 1, "with_experience": False, "steps": []} for i in range(3)])
+    assert len(wb.episodes("", "")) == 3 and len(wb.episodes(None, None)) == 3
+
+
+def test_curves_default_to_the_running_run_and_export_csv(wb):
+    running = wb.store.create_run("running one", status="running")
+    wb.store.create_run("newest, stopped", status="stopped")
+    assert wb.default_curve_runs() == [running]
+    for s in range(3):
+        wb.store.log_metrics(running, s, {"eval/success_with_exp": 0.5, "eval/success_with_exp_ci_low": 0.2,
+                                          "eval/success_with_exp_ci_high": 0.8})
+    path, msg = wb.curves_csv([running], "heldout")
+    text = Path(path).read_text().splitlines()
+    assert text[0] == "run_id,run_name,key,step,time,value" and len(text) == 1 + 9 and "exported 9 points" in msg
+    assert "choose one or more runs" in wb.curves_csv([], "heldout")[1]
+
+
+def test_build_state_shows_a_build_in_flight_with_its_run(wb):
+    import json as _json
+    import os as _os
+
+    rid = wb.store.create_run("first run", status="running")
+    wb.store.update_run(rid, pid=_os.getpid())
+    (wb.data_dir / ".models-build.json").write_text(_json.dumps(
+        {"state": "building", "pid": _os.getpid(), "stage": "policy SFT", "done": 250, "total": 1000,
+         "started_at": time.time() - 60, "updated_at": time.time(), "eta_s": 300.0}))
+    h = wb.build_html()
+    assert "model build 25% (policy SFT)" in h and "about 5 min 00 s left" in h and f"for run #{rid}" in h
+    assert wb.runs_table().iloc[0]["status"] == "building models 25%"
+    tok, html_, status = wb.demo_start(None, "policy", "minihack/Room-5x5", 0)
+    assert "being built" in status
+
+
 # -- live curves ----------------------------------------------------------------------------------------
 
 
@@ -250,6 +316,20 @@ def test_semantic_search_uses_the_retrieval_embedder(wb):
     assert before == 0  # a person's search is not counted as an actor's retrieval
     df, msg = wb.semantic_search("   ")
     assert len(df) == 0 and "type a query" in msg
+
+
+def test_semantic_search_ranks_by_the_entrys_text_not_its_task_key(wb):
+    """The bug: search scored the task key, so every entry of one task tied ("Monster" first for a question about the
+    stairs). Three entries of the same task: the one whose text is about the stairs in the dark comes first."""
+    task = "Dungeon 3: reach the staircase down"
+    add(wb, "## Title: Monster\n## Description: a monster\n## Content: step around the monster diagonally", task=task)
+    add(wb, "## Title: Trap\n## Description: a trap\n## Content: the trap is one square west of the door", task=task)
+    stairs = add(wb, "## Title: Stairs in the dark\n## Description: the room is dark\n## Content: the stairs (>) are two "
+                     "squares south and one east of where you start; walk there in the dark", task=task)
+    df, msg = wb.semantic_search("how do I find the stairs in the dark", k=3)
+    assert int(df.iloc[0]["id"]) == stairs, df
+    assert len(set(df["task score"])) == 1  # the task key's score is shown beside, and ties, as it must
+    assert df["score"].is_monotonic_decreasing and "text" in msg
 
 
 def test_open_edit_stale_archive_restore_diff_revert(wb):
@@ -437,13 +517,36 @@ def test_ab_details_show_the_evaluators_results(wb):
                                       "steps": [{"observation": "o", "action": "east", "reward": 1.0, "kind": "action",
                                                  "tool_query": "", "tool_answer": ""}]}])[0]
     summary, bar, res, tasks, eps = wb.ab_details(ab)
-    assert "p-value **0.0455**" in summary and "100%" in bar
+    assert "unpaired two-proportion p-value 0.0455" in summary and "100%" in bar  # one of four episodes stored: no pairs
     assert res.iloc[0]["Wilson 95% CI"] == "[0.34, 1.00]" and len(tasks) == 1
-    assert list(eps["episode"]) == [tid]
+    assert list(eps["episode"]) == [tid] and list(eps["arm"]) == ["A"]
     assert "east" in wb.replay(tid)
     assert "no A/B test" in wb.ab_details(999)[0]
     assert "choose" in wb.ab_details(None)[0]
     assert wb.ab_tests_table().iloc[0]["rate A"] == "1.00"
+
+
+def test_ab_details_pair_the_arms_by_seed_with_mcnemars_test(wb):
+    """Both arms play the same seeds: the test is paired (McNemar's, exact for few discordant pairs), and the
+    discordant pairs are shown; the evaluator stores arm A's episodes, then arm B's."""
+    seeds = list(range(12))
+    config = {"env": "minihack/Room-Ultimate-5x5", "seeds": seeds, "checkpoint": "", "max_turns": None,
+              "arms": {"A": {"kind": "current"}, "B": {"kind": "none"}}}
+    ab = wb.store.create_ab_test("paired", config)
+    a_wins = {0, 1, 2, 3, 4, 5, 6, 7}  # A solves 8, B solves 2 of them and seed 11: 6 pairs A only, 1 B only
+    b_wins = {0, 1, 11}
+
+    def ep(seed: int, ok: bool, exp: bool) -> dict:
+        return {"ab_test_id": ab, "env": "minihack/Room-Ultimate-5x5", "task": f"Dungeon {seed}", "seed": seed, "success": ok,
+                "reward": float(ok), "num_actions": 3, "with_experience": exp, "steps": []}
+
+    wb.store.add_trajectories([ep(s, s in a_wins, True) for s in seeds])
+    wb.store.add_trajectories([ep(s, s in b_wins, False) for s in seeds])
+    wb.store.update_ab_test(ab, status="done", progress=1.0, results={"diff": 0.4167, "p_value": 0.03, "arms": {}})
+    summary, _, _, _, eps = wb.ab_details(ab)
+    assert "McNemar's, exact, p-value **0.125**" in summary  # 2 * P[Bin(7, 1/2) <= 1] = 2 * 8/128
+    assert "**6** solved by A only, **1** by B only" in summary and "both solved 2, neither 3" in summary
+    assert list(eps["arm"]) == ["A"] * 12 + ["B"] * 12
 
 
 # -- agent demo -----------------------------------------------------------------------------------------

@@ -146,7 +146,55 @@ def test_runs_table_shows_latest_success():
     df = views.runs_table(runs, {3: {"policy/success_with_exp": 0.5, "policy/success_without_exp": 0.25}})
     row = df.iloc[0]
     assert row["success with exp"] == "0.50" and row["success without exp"] == "0.25"
-    assert row["device / back end"] == "cpu / hf"
+    assert row["device"] == "cpu"  # the back end's paragraph is in the run's details, not in its one-line row
+
+
+def test_runs_table_rows_stay_one_line_and_say_the_build():
+    long_backend = "hf (Qwen2ForCausalLM, 3.2M params, fp32, 1 thread); learner hf (LoRA off) " * 4
+    runs = [{"id": 4, "name": "n" * 90, "variant": "complementary", "env": "minihack/Room-Ultimate-5x5", "status": "running",
+             "step": 0, "started_at": time.time(), "device": "cpu", "backend": long_backend, "pid": 77},
+            {"id": 5, "name": "other", "variant": "grpo", "env": "minihack/Room-5x5", "status": "running", "step": 0,
+             "started_at": time.time(), "device": "", "backend": "", "pid": 78}]
+    build = {"state": "building", "pid": 77, "done": 50, "total": 200}
+    df = views.runs_table(runs, {}, build=build)
+    assert all(len(str(v)) <= 40 and "\n" not in str(v) for v in df.to_numpy().ravel())
+    assert df.iloc[0]["status"] == "building models 25%"
+    assert df.iloc[1]["status"] == "waiting for model build (25%)"
+    md = views.run_details_md({**runs[0], "parent_run_id": 2, "log_path": "/x.log", "error": "", "ended_at": None}, [9], None)
+    assert "fork of run **#2**" in md and "#9" in md and long_backend.strip()[:40] in md
+
+
+def test_sparse_series_get_markers_and_their_intervals():
+    panel = PANEL["heldout"]
+    x = np.array([0.0, 10.0, 20.0])
+    y = np.array([0.2, 0.5, 0.6])
+    s = views.SeriesView(1, "eval/success_with_exp", x, y, y, lo=y - 0.1, hi=y + 0.2)
+    one = views.SeriesView(1, "eval/success_without_exp", x[:1], y[:1], y[:1])
+    fig = views.curve_figure(panel, [s, one], run_names={1: "#1"}, smoothing=0.6)
+    by = {t["name"]: t for t in fig["data"]}
+    t = by["#1 · greedy, with exp"]
+    assert t["mode"] == "lines+markers" and np.allclose(t["error_y"]["array"], 0.2) and np.allclose(t["error_y"]["arrayminus"], 0.1)
+    assert by["#1 · greedy, without exp"]["mode"] == "markers"  # one point: a line would draw nothing
+    assert fig["layout"]["xaxis"]["tickformat"] == "d" and fig["layout"]["xaxis"]["dtick"] >= 1
+    assert fig["layout"]["legend"]["yanchor"] == "top" and fig["layout"]["legend"]["y"] < 0
+
+
+def test_gap_is_with_minus_without_at_the_common_steps():
+    steps, gap = views.gap_series((np.array([1.0, 2.0, 3.0]), np.array([0.5, 0.6, 0.9])),
+                                  (np.array([2.0, 3.0, 4.0]), np.array([0.1, 0.4, 0.0])))
+    assert steps.tolist() == [2.0, 3.0] and np.allclose(gap, [0.5, 0.5])
+
+
+def test_episode_view_is_a_step_slider_oldest_first():
+    turns = [{"turn": i, "observation": f"obs {i}", "action": "north" if i else ""} for i in range(50)]
+    h = views.live_episode_html(turns)
+    assert h.count("class='comprl-step'") == 50 and "max='49'" in h and "value='49'" in h
+    assert h.index("obs 0") < h.index("obs 49")
+    assert h.count("display:block") == 1
+
+
+def test_upload_cap_in_binary_units():
+    assert views.fmt_bytes(20 * 1024 * 1024) == "20 MiB"
 
 
 def test_page_info():
@@ -199,3 +247,15 @@ def test_episode_html_escapes_and_marks_the_end():
                                                                            "reward": 0.0}], "an entry")
     assert live.index("turn 1") < live.index("turn 0")  # newest first
     assert "an entry" in live
+
+
+def test_diff_keeps_the_last_lines_apart_and_shows_the_added_one():
+    """The bug: difflib on splitlines(True) joined '-old last' and '+new last' into one line (the texts end without a
+    newline), so the added line was never its own green line. Store, CLI, UI diff, merge preview all use text_diff."""
+    from core.store import text_diff
+
+    d = text_diff("## Title: Stairs\n## Content: go to the >", "## Title: Stairs\n## Content: walk to the > now", "v1", "v2")
+    assert "-## Content: go to the >" in d.splitlines() and "+## Content: walk to the > now" in d.splitlines()
+    h = views.diff_html(d)
+    assert "<span class='d-add'>+## Content: walk to the &gt; now</span>" in h
+    assert "<span class='d-del'>-## Content: go to the &gt;</span>" in h
