@@ -79,7 +79,8 @@ def cmd_library(args: argparse.Namespace) -> int:
                 offset += len(page.entries)
                 if not page.entries:
                     break
-            top = store.list_entries(status="active", sort="retrieved_count", descending=True, limit=5).entries
+            top = [e for e in store.list_entries(status="active", sort="retrieved_count", descending=True, limit=5).entries
+                   if e.retrieved_count > 0]  # a list of zeros ranks nothing
             out = {"library_version": store.library_version(), "active": active, "archived": total - active,
                    "by_source": by_source, "by_env": by_env,
                    "most_retrieved": [{"id": e.id, "retrieved": e.retrieved_count, "title": _short(e.text, 60)} for e in top]}
@@ -87,7 +88,8 @@ def cmd_library(args: argparse.Namespace) -> int:
                 f"library version {out['library_version']}: {active} active, {total - active} archived entries",
                 "by source: " + (", ".join(f"{k} {v}" for k, v in sorted(by_source.items())) or "-"),
                 "by env:    " + (", ".join(f"{k} {v}" for k, v in sorted(by_env.items())) or "-"),
-                *(["most retrieved:"] + [f"  #{t['id']:<6} {t['retrieved']:>5}×  {t['title']}" for t in out["most_retrieved"]] if top else []),
+                *(["most retrieved:"] + [f"  #{t['id']:<6} {t['retrieved']:>5}×  {t['title']}" for t in out["most_retrieved"]] if top
+                  else ["most retrieved: none retrieved yet"] if active else []),
             ]))
         elif sub == "list":
             page = store.list_entries(env=args.env, task=args.task, source=args.source,
@@ -240,6 +242,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return 0
     if args.run_id is None:
         raise UserError("give a RUN_ID or --ab-test ID")
+    ck = Path(args.checkpoint).expanduser() if args.checkpoint else None
+    if ck is not None and not ((ck / "config.json").is_file() or (ck / "policy" / "config.json").is_file()):
+        what = "does not exist" if not ck.exists() else "is neither a checkpoint (with policy/) nor a model folder (with config.json)"
+        raise UserError(f"--checkpoint {ck} {what}; give a run's checkpoint folder (runs/<id>/checkpoints/step_N) or a model "
+                        "folder, or leave --checkpoint out to evaluate the run's latest checkpoint")
     res = run_eval(args.run_id, data_dir=args.data_dir, db_url=db, episodes=args.episodes, checkpoint=args.checkpoint,
                    log=not args.no_log)
     print(res.table())

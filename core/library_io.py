@@ -218,7 +218,8 @@ def parse_library_lines(lines: Iterable[str], *, max_chars: int = MAX_ENTRY_CHAR
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            problems.append((n, f"not valid JSON ({e.msg} at column {e.colno})"))
+            # e.msg may end in "at" ("Unterminated string starting at"): one "at", then the column
+            problems.append((n, f"not valid JSON ({e.msg.removesuffix(' at')} at column {e.colno})"))
             continue
         except (ValueError, RecursionError) as e:  # a number of over 4,300 digits; nesting deeper than Python's stack
             problems.append((n, f"not importable JSON ({str(e).split(';')[0] if isinstance(e, ValueError) else 'nested too deeply'})"))

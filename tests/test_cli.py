@@ -107,3 +107,20 @@ def test_library_commands_refuse_huge_ids_and_oversized_edits_in_one_line(tmp_pa
         assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     r = comprl("library", "show", "1", data_dir=data)
     assert r.returncode == 0 and r.stdout.startswith("#1 v1 active")  # unchanged by the refused commands
+
+
+def test_small_things_a_new_user_meets(tmp_path):
+    """`library stats` ranks no "most retrieved" list of zeros; `eval --checkpoint` of a missing folder says so (not
+    "run models init"); a broken JSON line's error has one "at"."""
+    data = tmp_path / "data"
+    src = tmp_path / "lib.jsonl"
+    src.write_text(json.dumps({"text": "## Title: A\n## Description: d\n## Content: c", "env": "minihack"}) + "\n")
+    assert comprl("library", "import", str(src), data_dir=data).returncode == 0
+    r = comprl("library", "stats", data_dir=data)
+    assert "none retrieved yet" in r.stdout and "  #1 " not in r.stdout
+    r = comprl("eval", "1", "--checkpoint", "/nonexistent", data_dir=data)
+    assert r.returncode == 2 and "/nonexistent does not exist" in r.stderr and "models init" not in r.stderr, r.stderr
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "abc\n')
+    r = comprl("library", "import", str(bad), data_dir=data)
+    assert "Unterminated string starting at column" in r.stderr and "at at" not in r.stderr
