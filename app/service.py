@@ -340,7 +340,11 @@ class _Launched:
 
 class Workbench:
     def __init__(self, data_dir: str | os.PathLike[str], db_url: str | None = None, *, embedder: Any = None,
-                 upload_cap_mb: float = DEFAULT_UPLOAD_CAP_MB, max_sessions: int = 64) -> None:
+                 upload_cap_mb: float = DEFAULT_UPLOAD_CAP_MB, max_sessions: int = 64,
+                 demo_actor: dict[str, Any] | None = None) -> None:
+        # demo_actor: the policy the demo plays with when no checkpoint is named, as a config's actor section plus
+        # prompt_style, e.g. {backend: openai, base_url: ..., path: FOLDER, prompt_style: chat} (`comprl app --demo-actor`)
+        self.demo_actor = dict(demo_actor) if demo_actor else None
         self.data_dir = Path(data_dir).resolve()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.db_url = db_url or default_db_url(self.data_dir)
@@ -732,6 +736,9 @@ class Workbench:
                 dirty.add("gap")  # derived from the other panels' series
             figs: list[str | None] = []
             names = {r["id"]: f"#{r['id']} {r['name']}"[:32] for r in self.store.list_runs()} if dirty else {}
+            b = build_progress.building(self.data_dir) if dirty else None
+            empty = (f"{build_progress.describe(b).split(',')[0]}: the curves start with the first training step after it"
+                     if b is not None else "")
             marks = self._edit_marks(sess.edit_times, runs, x_axis) if dirty and sess.edit_times else []
             for panel in views.PANELS:
                 if panel.id not in dirty:
@@ -755,7 +762,7 @@ class Workbench:
                                 sv.lo, sv.hi = (views.at_steps(steps, self._series(rid, k)) for k in ck.ci)
                             series.append(sv)
                 fig = views.curve_figure(panel, series, run_names=names, x_axis=x_axis, smoothing=smoothing,
-                                         edit_marks=marks)
+                                         edit_marks=marks, empty_text=empty)
                 figs.append(views.figure_json(fig))
             points = sum(sm.n for (rid, _), sm in sess.smoothed.items() if rid in runs)
         ms = (time.perf_counter() - t0) * 1000
@@ -1326,8 +1333,12 @@ class Workbench:
                     return token or "", views.live_episode_html([]), _err(
                         f"the default models are being built ({build_progress.describe(b)}); the policy can play once "
                         "they are ready. Watch the scripted expert meanwhile, or name a model folder.")
+                extra: dict[str, Any] = {}
+                if self.demo_actor and not ckpt:
+                    extra = demo_actor_kwargs(self.demo_actor)
+                    ckpt = extra.pop("checkpoint")
                 player = player_cls(env_name, seed_i, data_dir=str(self.data_dir), db_url=self.db_url, checkpoint=ckpt,
-                                    use_library=use_library)
+                                    use_library=use_library, **extra)
                 play = _Play(player, "policy")
             else:
                 player = ExpertPlayer(env_name, seed_i)
@@ -1422,3 +1433,16 @@ def _max_steps(value: Any) -> int | None:
     if value in (None, "", 0):
         return None
     return whole_number(value, "max steps", lo=1)
+
+
+def demo_actor_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
+    """EpisodePlayer arguments for the demo's configured actor: its back end (an openai endpoint, say), its
+    folder (tokenizer and chat template) and prompt style."""
+    from core.config import from_dict
+    from trainers.config import ModelSection
+    from trainers.models import inference_backend
+
+    spec = dict(spec)
+    style = spec.pop("prompt_style", "compact")
+    section = from_dict(ModelSection, spec)
+    return {"checkpoint": section.path, "prompt_style": style, "actor": inference_backend(section, section.path, num_threads=1)}

@@ -128,18 +128,20 @@ def build(wb: Workbench) -> gr.Blocks:
                     x_axis = gr.Radio(["step", "time"], value="step", label="x axis", elem_id="curve-xaxis", scale=1)
                 build_curves = gr.HTML(wb.build_html(), elem_id="build-progress-curves")
                 curve_status = gr.Markdown(elem_id="curve-status")
-                with gr.Row():
-                    csv_panel = gr.Dropdown(choices=[("every panel", "all")] + [(p.title, p.id) for p in views.PANELS], value="all",
-                                            label="export a panel's points as CSV", elem_id="curve-csv-panel", scale=3)
-                    csv_btn = gr.Button("Export CSV", elem_id="curve-csv-btn", scale=1)
-                    csv_file = gr.File(label="CSV", interactive=False, elem_id="curve-csv-file", scale=2)
-                    csv_msg = gr.Markdown(elem_id="curve-csv-msg")
                 plots = []
                 panels = list(views.PANELS)
                 for i in range(0, len(panels), 2):
                     with gr.Row():
                         for p in panels[i:i + 2]:
                             plots.append(gr.Plot(elem_id=f"curve-{p.id}", show_label=False))
+                with gr.Accordion("Export the points of a panel as CSV", open=False, elem_id="curve-csv-box"):
+                    with gr.Row():
+                        csv_panel = gr.Dropdown(choices=[("every panel", "all")] + [(p.title, p.id) for p in views.PANELS],
+                                                value="all", label="panel", elem_id="curve-csv-panel", scale=3)
+                        csv_btn = gr.Button("Export CSV", elem_id="curve-csv-btn", scale=1)
+                    csv_msg = gr.Markdown(elem_id="curve-csv-msg")
+                    csv_file = gr.File(label="CSV (run, key, step, time, value)", interactive=False, elem_id="curve-csv-file",
+                                       height=80)
                 curve_timer = gr.Timer(CURVE_REFRESH_S)
 
             # ---------------------------------------------------------------- Library
@@ -452,9 +454,12 @@ def build(wb: Workbench) -> gr.Blocks:
             choices = wb.run_choices()
             table, info = wb.library_page(*page_args)
             facets = wb.library_facets()
+            live = [r["id"] for r in wb.store.list_runs() if r["status"] in ("created", "starting", "running", "paused")]
+            chosen = str(live[0]) if live else gr.skip()  # a new user's first run: its log and details at once
             return (gr.update(choices=choices, value=wb.default_curve_runs()), [list(c) for c in choices], table, info,
-                    gr.update(choices=[""] + facets["env"]), wb.build_html(), wb.build_html(), wb.runs_table())
+                    gr.update(choices=[""] + facets["env"]), wb.build_html(), wb.build_html(), wb.runs_table(), wb.overview_md(),
+                    chosen)
 
         demo.load(first_paint, inputs=page_inputs, outputs=[curve_runs, curve_choices, lib_df, page_md, f_env, build_runs,
-                                                             build_curves, runs_df])
+                                                             build_curves, runs_df, header, run_id])
     return demo

@@ -186,7 +186,7 @@ def _xs(x: np.ndarray, x_axis: str) -> np.ndarray:
 
 
 def curve_figure(panel: Panel, series: Sequence[SeriesView], *, run_names: dict[int, str], x_axis: str = "step",
-                 smoothing: float = 0.6, edit_marks: Sequence[float] = ()) -> dict[str, Any]:
+                 smoothing: float = 0.6, edit_marks: Sequence[float] = (), empty_text: str = "") -> dict[str, Any]:
     """One panel: per (run, key) the raw series faint behind its smoothed line; edits as vertical lines.
 
     `edit_marks` are x positions (steps or epoch seconds, matching `x_axis`). `uirevision` stays
@@ -255,7 +255,7 @@ def curve_figure(panel: Panel, series: Sequence[SeriesView], *, run_names: dict[
     if not data:
         layout["annotations"] = layout.get("annotations", []) + [
             {"xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5, "showarrow": False,
-             "text": "no data yet for the chosen runs", "font": {"color": "#888"}}]
+             "text": empty_text or "no data yet for the chosen runs", "font": {"color": "#888"}}]
     return {"data": data, "layout": layout}
 
 
@@ -332,7 +332,7 @@ def short(text: str, width: int = 80) -> str:
 
 RUN_COLUMNS = ["id", "name", "variant", "env", "status", "step", "success with exp", "success without exp", "started",
                "device"]
-RUN_COLUMN_WIDTHS = ["5%", "17%", "10%", "16%", "14%", "5%", "8%", "8%", "12%", "5%"]
+RUN_COLUMN_WIDTHS = ["4%", "15%", "10%", "14%", "19%", "5%", "8%", "8%", "12%", "5%"]
 
 
 def _one_line(text: str, width: int) -> str:

@@ -154,6 +154,7 @@ class BuildProgress:
         self._stage_started = (self.started, 0)  # (time, done) where the current stage began
         self._rates: list[tuple[float, int]] = []  # (time, done) samples of the current stage, for the rate
         self._stages = 0
+        self._said: tuple[str, int] | None = None  # (stage, tenth) of the last line written
         self.closed = False
         self._flush(force=True)
         self._say(f"{self.desc}: started ({self.total} units of work)")
@@ -170,11 +171,12 @@ class BuildProgress:
         if len(self._rates) > 400:
             self._rates = self._rates[-200:]
         self._flush()
-        tenth = int(10 * self.done / self.total)
+        tenth = int(round(100 * self.done / self.total)) // 10  # as the line rounds it: one line per shown tenth
         if tenth > self._logged_tenth:
             self._logged_tenth = tenth
-            if tenth > 0:
+            if tenth > 0 and (self.stage, tenth) != self._said:
                 self._say(self.line())
+                self._said = (self.stage, tenth)
         elif self.tty:
             self._say(self.line())
 
@@ -186,6 +188,7 @@ class BuildProgress:
         self.stage = s
         self._flush(force=True)
         self._say(self.line())
+        self._said = (s, int(round(100 * self.done / self.total)) // 10)
 
     def close(self) -> None:
         if self.closed:

@@ -51,7 +51,8 @@ TINY_RUN = """run:
   variant: complementary
   max_steps: {steps}
   checkpoint_every: 4
-  eval_episodes: 0
+  eval_every: 2
+  eval_episodes: 4
 env:
   names: {{minihack/Room-5x5: 1.0}}
   max_turns: 6
@@ -114,8 +115,9 @@ def seed(data: Path, steps: int) -> dict:
                        check=True, stdout=subprocess.DEVNULL)
         info["run"] = wb.store.list_runs()[0]["id"]
         print("running an A/B test …", flush=True)
-        msg, ab = wb.create_ab_test("current vs none", "minihack/Room-5x5", "0-3", model, 6, "current", "", None, "none", "",
-                                    None)
+        # An env whose seeds differ (Room-5x5 is one fixed layout): the recurring dark rooms, by task id.
+        msg, ab = wb.create_ab_test("current vs none", "minihack/Room-Ultimate-5x5", "0-7", model, 6, "current", "", None, "none",
+                                    "", None, True)
         info["ab"] = ab
         deadline = time.time() + 300
         while ab and wb.store.get_ab_test(ab)["status"] not in ("done", "failed") and time.time() < deadline:
@@ -123,6 +125,41 @@ def seed(data: Path, steps: int) -> dict:
             wb.reap_processes()
     wb.close()
     return info
+
+
+def shoot_build(url: str, out: Path, data: Path) -> None:
+    """The model build as a phase of the first run: the default config on this data dir (which has no models yet)
+    builds them; photographed once the build is under way, then stopped with SIGTERM (the run ends 'stopped')."""
+    import signal
+
+    from playwright.sync_api import expect, sync_playwright
+
+    from core import build_progress
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    run = subprocess.Popen([sys.executable, "-m", "app.cli", "train", str(ROOT / "configs" / "minihack_room_cpu.yaml"),
+                            "--data-dir", str(data)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 900
+        while True:  # past the demo stage, so the bar has an ETA
+            p = build_progress.building(data)
+            if p is not None and p.get("eta_s") is not None:
+                break
+            if run.poll() is not None or time.time() > deadline:
+                raise RuntimeError("the model build did not get under way")
+            time.sleep(1)
+        with sync_playwright() as pw:
+            browser, page = _open(pw, url)
+            expect(page.locator("#build-progress-runs")).to_contain_text("left", timeout=60_000)
+            expect(page.locator("#runs-table")).to_contain_text("building models", timeout=60_000)
+            page.screenshot(path=str(out / "build-progress.png"), full_page=False)
+            page.get_by_role("tab", name="Live curves").click()
+            expect(page.locator("#build-progress-curves")).to_contain_text("model build", timeout=60_000)
+            page.screenshot(path=str(out / "build-progress-curves.png"), full_page=False)
+            browser.close()
+    finally:
+        run.send_signal(signal.SIGTERM)  # a clean stop during the build
+        run.wait(timeout=300)
 
 
 def _open(p, url: str):
@@ -155,10 +192,18 @@ def shoot(url: str, out: Path, info: dict) -> None:
         page.screenshot(path=str(out / "runs.png"), full_page=True)
 
         page.get_by_role("tab", name="Live curves").click()
-        page.wait_for_timeout(4000)
+        if info["run"]:
+            page.wait_for_function("() => { const el = document.querySelector('#curve-heldout .js-plotly-plot');"
+                                   " return el && el.data && el.data.some(t => t.error_y && t.x.length >= 2); }", timeout=300_000)
+        page.wait_for_timeout(1500)
         page.screenshot(path=str(out / "curves.png"), full_page=True)
+        page.locator("#curve-heldout").scroll_into_view_if_needed()
+        page.screenshot(path=str(out / "curves-intervals.png"))
 
         page.get_by_role("tab", name="Library").click()
+        # A fresh page lists the library as it is now (entries written after the app started included).
+        expect(page.locator("#library-table")).to_contain_text("Get the key", timeout=60_000)
+        page.screenshot(path=str(out / "library-fresh-tab.png"), full_page=False)
         page.locator("#entry-id input").fill(str(info["merged"]))
         page.locator("#entry-open").click()
         expect(page.locator("#entry-loaded")).to_contain_text("loaded", timeout=20_000)
@@ -167,7 +212,7 @@ def shoot(url: str, out: Path, info: dict) -> None:
         page.locator("#entry-open").click()
         page.wait_for_timeout(1500)
         page.locator("#diff-btn").click()
-        page.wait_for_timeout(1500)
+        expect(page.locator("#diff-view .d-add")).to_be_visible(timeout=60_000)
         page.locator("#entry-history").scroll_into_view_if_needed()
         page.screenshot(path=str(out / "library-history-diff.png"))
         page.get_by_role("button", name="Merge entries").click()
@@ -180,7 +225,7 @@ def shoot(url: str, out: Path, info: dict) -> None:
         if info["ab"]:
             page.locator("#ab-id input").fill(str(info["ab"]))
             page.locator("#ab-open").click()
-            page.wait_for_timeout(2500)
+            expect(page.locator("#ab-summary")).to_contain_text("McNemar", timeout=60_000)
         page.screenshot(path=str(out / "ab.png"), full_page=True)
 
         page.get_by_role("tab", name="Agent demo").click()
@@ -238,6 +283,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "docs" / "img"))
     ap.add_argument("--steps", type=int, default=8, help="steps of the short real training run")
+    ap.add_argument("--no-build", action="store_true", help="skip the photograph of the model build (it starts the real "
+                                                             "default build for a minute, then stops it)")
     ap.add_argument("--data-dir", default="", help="photograph an existing run's curves and library in this data dir instead")
     ap.add_argument("--run", type=int, default=0, help="with --data-dir: the run id (default: the newest)")
     ap.add_argument("--prefix", default="recurring-", help="with --data-dir: file name prefix of the screenshots")
@@ -262,6 +309,8 @@ def main() -> None:
         info = seed(data, args.steps)
         app, url = serve(data)
         try:
+            if not args.no_build and trainer_available():
+                shoot_build(url, Path(args.out), data)
             shoot(url, Path(args.out), info)
         finally:
             app.terminate()

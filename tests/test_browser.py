@@ -26,6 +26,10 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
 OUT = ROOT / "test-output"
+# Bounds for waiting on a condition (a point appeared, a status changed), never fixed sleeps: generous, because on a
+# loaded 2-core machine a training step can take minutes; a condition met early returns at once.
+UI_S = 60_000  # a click's answer from the server
+SLOW_S = 900_000  # the trainer's work (a run's steps, an A/B test's episodes)
 
 if not Path(CHROMIUM).exists():
     pytest.skip(f"{CHROMIUM} is not installed (apt-get install -y chromium); browser tests skipped", allow_module_level=True)
@@ -225,7 +229,7 @@ def test_import_of_a_bad_file_names_the_line(app, page, request, tmp_path):
     tab(page, "Library")
     open_accordion(page, "Import / export (JSONL)")
     page.locator("#import-file input[type=file]").set_input_files(str(bad))
-    page.wait_for_timeout(1000)
+    expect(page.locator("#import-file")).to_contain_text("bad.jsonl", timeout=UI_S)  # uploaded (not a fixed 1 s)
     page.locator("#import-btn").click()
     expect(page.locator("#import-msg")).to_contain_text("line 2", timeout=20_000)
     expect(page.locator("#import-msg")).to_contain_text("nothing imported")
@@ -253,16 +257,16 @@ def test_curves_gain_points_when_metrics_are_written(app, browser, request):
     ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = ctx.new_page()
     try:
-        page.goto(app.url)  # a fresh page: the newest run (this one) is preselected
+        page.goto(app.url)  # a fresh page: the running run (this one) is preselected
         page.wait_for_selector("#runs-table", timeout=60_000)
         tab(page, "Live curves")
         page.wait_for_function("() => { const el = document.querySelector('#curve-reward .js-plotly-plot');"
                                " return el && el.data && el.data.length >= 2 && el.data[0].x.length === 20; }",
-                               timeout=30_000)
+                               timeout=SLOW_S)
         for s in range(20, 45):
             app.store.log_metrics(rid, s, {"policy/reward_with_exp": s / 20, "policy/reward_without_exp": s / 40})
         page.wait_for_function("() => { const el = document.querySelector('#curve-reward .js-plotly-plot');"
-                               " return el && el.data && el.data[0].x.length === 45; }", timeout=30_000)
+                               " return el && el.data && el.data[0].x.length === 45; }", timeout=SLOW_S)
         assert set(plot_points(page, "curve-reward")) == {45}
         expect(page.locator("#curve-status")).to_contain_text("points held")
         shot(page, request, "curves")
@@ -325,11 +329,11 @@ def test_run_launched_from_the_ui_gains_curve_points(app, page, request, tiny_mo
     page.wait_for_selector("#runs-table", timeout=60_000)
     tab(page, "Live curves")
     page.wait_for_function("() => { const el = document.querySelector('#curve-success .js-plotly-plot');"
-                           " return el && el.data && el.data.length > 0 && el.data[0].x.length >= 1; }", timeout=150_000)
+                           " return el && el.data && el.data.length > 0 && el.data[0].x.length >= 1; }", timeout=SLOW_S)
     first = max(plot_points(page, "curve-success"))
     page.wait_for_function("(n) => { const el = document.querySelector('#curve-success .js-plotly-plot');"
                            " return el && el.data && Math.max(...el.data.map(t => t.x.length)) > n; }", arg=first,
-                           timeout=150_000)
+                           timeout=SLOW_S)
     assert app.store.latest_metrics(run["id"])
     shot(page, request, "run-curves")
 
@@ -344,7 +348,7 @@ def test_ab_test_completes_with_intervals(app, page, request, tiny_model):
     page.locator("#ab-turns input").fill("3")
     page.locator("#ab-create").click()
     expect(page.locator("#ab-msg")).to_contain_text("started", timeout=30_000)
-    expect(page.locator("#ab-summary")).to_contain_text("status **done**".replace("**", ""), timeout=170_000)
+    expect(page.locator("#ab-summary")).to_contain_text("status **done**".replace("**", ""), timeout=SLOW_S)
     expect(page.locator("#ab-results")).to_contain_text("[", timeout=10_000)
     expect(page.locator("#ab-summary")).to_contain_text("p-value")
     t = app.store.list_ab_tests()[0]
@@ -362,7 +366,253 @@ def test_live_policy_demo_plays(page, request, tiny_model):
     page.locator("#demo-mode label", has_text="policy").click()
     page.locator("#demo-ckpt input, #demo-ckpt textarea").first.fill(tiny_model)
     page.locator("#demo-start").click()
-    expect(page.locator("#demo-status")).to_contain_text("ready", timeout=90_000)
+    expect(page.locator("#demo-status")).to_contain_text("ready", timeout=SLOW_S)
     page.locator("#demo-play").click()
-    expect(page.locator("#demo-status")).to_contain_text("episode over", timeout=120_000)
+    expect(page.locator("#demo-status")).to_contain_text("episode over", timeout=SLOW_S)
     shot(page, request, "policy-episode")
+
+
+# -- issue 25: the first hour of a new user, views that are never stale, plots and comparisons ----------------
+
+
+def _sleeper() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+
+
+def test_model_build_shows_as_a_phase_with_progress_and_eta(app, page, request):
+    """While the default models are built (minutes), the Runs tab and Live curves show the build with its progress and
+    time left, and the building run's status says so, instead of "running, step 0" and empty plots."""
+    builder = _sleeper()
+    rid = app.store.create_run("first-run", variant="complementary", env="minihack/Room-Ultimate-5x5", status="running")
+    app.store.update_run(rid, pid=builder.pid)
+    progress = app.data_dir / ".models-build.json"
+    try:
+        progress.write_text(json.dumps({"state": "building", "pid": builder.pid, "stage": "policy SFT", "done": 1700,
+                                        "total": 5003, "started_at": time.time() - 130, "updated_at": time.time(),
+                                        "eta_s": 400.0}))
+        expect(page.locator("#build-progress-runs")).to_contain_text("model build 34% (policy SFT)", timeout=UI_S)
+        expect(page.locator("#build-progress-runs")).to_contain_text("left", timeout=UI_S)
+        expect(page.locator("#build-progress-runs")).to_contain_text(f"for run #{rid}")
+        expect(page.locator("#runs-table")).to_contain_text("building models 34%", timeout=UI_S)
+        shot(page, request, "build-runs")
+        tab(page, "Live curves")
+        expect(page.locator("#build-progress-curves")).to_contain_text("model build 34%", timeout=UI_S)
+        builder.kill()
+        builder.wait()
+        # the builder is gone without saying so (SIGKILL): the page must not claim a build is running
+        expect(page.locator("#build-progress-curves")).to_contain_text("ended without finishing", timeout=UI_S)
+    finally:
+        builder.kill()
+        progress.unlink(missing_ok=True)
+        app.store.update_run(rid, status="stopped", pid=None)
+
+
+def test_a_fresh_page_shows_the_library_as_it_is_now(app, browser, request, tmp_path):
+    """The library table was filled once when the app started: a new tab said "no entries match" while the header
+    counted the entries, and it did not refresh after an import."""
+    title = f"Fresh {time.time_ns()}"
+    add_entry(app, f"## Title: {title}\n## Description: d\n## Content: added after the app started")
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = ctx.new_page()
+    try:
+        page.goto(app.url)
+        page.wait_for_selector("#runs-table", timeout=UI_S)
+        tab(page, "Library")
+        expect(page.locator("#library-table")).to_contain_text(title, timeout=UI_S)
+        shot(page, request, "fresh-library")
+        good = tmp_path / "good.jsonl"
+        imported = f"Imported {time.time_ns()}"
+        good.write_text(json.dumps({"text": f"## Title: {imported}\n## Description: d\n## Content: c", "env": "minihack/Room-5x5"}) + "\n")
+        open_accordion(page, "Import / export (JSONL)")
+        page.locator("#import-file input[type=file]").set_input_files(str(good))
+        expect(page.locator("#import-file")).to_contain_text("good.jsonl", timeout=UI_S)
+        page.locator("#import-btn").click()
+        expect(page.locator("#import-msg")).to_contain_text("imported 1", timeout=UI_S)
+        page.locator("#lib-desc input").check()  # newest first, so the imported entry is on the first page however many the module added
+        expect(page.locator("#library-table")).to_contain_text(imported, timeout=UI_S)
+    finally:
+        ctx.close()
+
+
+def test_id_boxes_start_empty_and_replay_lists_every_episode(app, page, request):
+    """The replay box's fields labelled "(empty: any)" held 0, so the default listing was empty."""
+    app.store.add_trajectories([{"run_id": None, "env": "minihack/Room-5x5", "task": "reach the stairs", "seed": 4242 + i,
+                                 "success": bool(i % 2), "reward": 1.0, "num_actions": 3, "with_experience": False,
+                                 "steps": [{"observation": f"obs {j}", "action": "east", "reward": 0.0} for j in range(3)]}
+                                for i in range(3)])
+    # (run-id is filled with a running run's id on a fresh page, when there is one)
+    for name, box in (("Library", "entry-id"), ("A/B tests", "ab-id")):
+        tab(page, name)
+        expect(page.locator(f"#{box} input, #{box} textarea").first).to_have_value("", timeout=UI_S)
+    tab(page, "Agent demo")
+    open_accordion(page, "Replay a stored episode")
+    for box in ("replay-run", "replay-ab", "replay-id"):
+        expect(page.locator(f"#{box} input, #{box} textarea").first).to_have_value("", timeout=UI_S)
+    page.locator("#replay-list").click()
+    expect(page.locator("#replay-table")).to_contain_text("4242", timeout=UI_S)
+    shot(page, request, "replay-list")
+
+
+def test_the_diff_shows_the_changed_last_line_as_removed_and_added(app, page, request):
+    eid = add_entry(app, "## Title: Diff\n## Description: d\n## Content: go to the >")
+    app.store.update_text(eid, "## Title: Diff\n## Description: d\n## Content: walk to the > now", expected_version=1, actor="cli")
+    tab(page, "Library")
+    open_entry(page, eid)
+    page.locator("#diff-btn").click()
+    expect(page.locator("#diff-view .d-add")).to_have_text("+## Content: walk to the > now", timeout=UI_S)
+    expect(page.locator("#diff-view .d-del")).to_have_text("-## Content: go to the >")
+    page.locator("#entry-history").scroll_into_view_if_needed()
+    shot(page, request, "diff")
+
+
+def test_fork_from_the_ui_keeps_step_name_and_parent(app, page, request, tmp_path):
+    """Fork with max steps 0 finished at once, showed step 0, dropped "(fork of N)", and the parent showed nowhere."""
+    cfg = "run:\n  name: parent-run\n  max_steps: 12\nenv:\n  names: {minihack/Room-5x5: 1.0}\n"
+    rid = app.store.create_run("parent-run", variant="complementary", env="minihack/Room-5x5", config=cfg, status="finished")
+    ck = tmp_path / "ck"
+    (ck / "step_000012").mkdir(parents=True)
+    (ck / "latest").write_text("step_000012")
+    app.store.update_run(rid, step=12, checkpoint_dir=str(ck))
+    fill(page, "run-id", str(rid))
+    page.locator("#run-id input").press("Enter")
+    page.locator("#run-fork").click()
+    expect(page.locator("#run-msg")).to_contain_text("at step 12", timeout=UI_S)  # refused: nothing to train
+    page.locator("#fork-steps input").fill("20")
+    page.locator("#run-fork").click()
+    expect(page.locator("#run-msg")).to_contain_text("forked run", timeout=UI_S)
+    child = next(r for r in app.store.list_runs() if r.get("parent_run_id") == rid)
+    try:
+        assert child["name"] == f"parent-run (fork of {rid})" and child["step"] == 12
+        expect(page.locator("#runs-table")).to_contain_text(f"parent-run (fork of {rid})", timeout=UI_S)
+        fill(page, "run-id", str(child["id"]))
+        page.locator("#run-id input").press("Enter")
+        expect(page.locator("#run-details")).to_contain_text(f"fork of run #{rid}", timeout=UI_S)
+        shot(page, request, "fork")
+    finally:
+        pid = app.store.get_run(child["id"])["pid"]
+        if pid:
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        app.store.update_run(child["id"], status="stopped", pid=None)
+
+
+def test_live_curves_preselect_the_running_run(app, browser, request):
+    running = app.store.create_run("the-running-one", variant="grpo", env="minihack/Room-5x5", status="running")
+    newest = app.store.create_run("newest-but-stopped", variant="grpo", env="minihack/Room-5x5", status="stopped")
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = ctx.new_page()
+    try:
+        page.goto(app.url)
+        page.wait_for_selector("#runs-table", timeout=UI_S)
+        tab(page, "Live curves")
+        expect(page.locator("#curve-runs")).to_contain_text(f"#{running} the-running-one", timeout=UI_S)
+        expect(page.locator("#curve-runs")).not_to_contain_text(f"#{newest} newest-but-stopped")
+    finally:
+        app.store.update_run(running, status="stopped")
+        ctx.close()
+
+
+def test_sparse_evaluations_are_drawn_with_markers_intervals_and_a_gap(app, browser, request):
+    rid = app.store.create_run("eval-points", variant="complementary", env="minihack/Room-5x5", status="running")
+    for s in (0, 10, 20):
+        app.store.log_metrics(rid, s, {"eval/success_with_exp": 0.3 + s / 100, "eval/success_with_exp_ci_low": 0.1 + s / 100,
+                                       "eval/success_with_exp_ci_high": 0.6 + s / 100, "eval/success_without_exp": 0.2,
+                                       "eval/success_without_exp_ci_low": 0.05, "eval/success_without_exp_ci_high": 0.45})
+    app.store.log_metrics(rid, 5, {"retrieval/latency_p50_ms": 3.0})  # logged once
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = ctx.new_page()
+    try:
+        page.goto(app.url)
+        page.wait_for_selector("#runs-table", timeout=UI_S)
+        tab(page, "Live curves")
+        page.wait_for_function("() => { const el = document.querySelector('#curve-heldout .js-plotly-plot');"
+                               " return el && el.data && el.data.some(t => t.x.length === 3); }", timeout=SLOW_S)
+        traces = page.evaluate("() => document.querySelector('#curve-heldout .js-plotly-plot').data.map(t => "
+                               "({name: t.name, mode: t.mode, err: !!(t.error_y && t.error_y.array)}))")
+        mine = [t for t in traces if t["name"].startswith(f"#{rid} ")]
+        assert mine and all("markers" in t["mode"] and t["err"] for t in mine), traces
+        one = page.evaluate("() => document.querySelector('#curve-latency .js-plotly-plot').data.map(t => t.mode)")
+        assert "markers" in one  # one point is a marker, not an invisible line
+        gap = page.evaluate("() => document.querySelector('#curve-gap .js-plotly-plot').data.map(t => t.y)")
+        assert any(len(y) == 3 for y in gap)
+        ticks = page.evaluate("() => document.querySelector('#curve-heldout .js-plotly-plot').layout.xaxis.dtick")
+        assert ticks >= 1 and float(ticks).is_integer()
+        page.locator("#curve-heldout").scroll_into_view_if_needed()
+        shot(page, request, "eval-curves")
+        open_accordion(page, "Export the points of a panel as CSV")
+        page.locator("#curve-csv-btn").click()
+        expect(page.locator("#curve-csv-msg")).to_contain_text("exported", timeout=UI_S)
+    finally:
+        app.store.update_run(rid, status="stopped")
+        ctx.close()
+
+
+def test_ab_test_shows_the_paired_test_and_the_arm_of_each_episode(app, page, request):
+    seeds = list(range(8))
+    ab = app.store.create_ab_test("paired by seed", {"env": "minihack/Room-Ultimate-5x5", "seeds": seeds, "checkpoint": "",
+                                                     "max_turns": None, "arms": {"A": {"kind": "current"}, "B": {"kind": "none"}}})
+    for arm, wins in (("A", {0, 1, 2, 3, 4}), ("B", {0, 5})):
+        app.store.add_trajectories([{"ab_test_id": ab, "env": "minihack/Room-Ultimate-5x5", "task": f"Dungeon {s}", "seed": s,
+                                     "success": s in wins, "reward": float(s in wins), "num_actions": 4,
+                                     "with_experience": arm == "A", "steps": []} for s in seeds])
+    app.store.update_ab_test(ab, status="done", progress=1.0, results={"diff": 0.375, "p_value": 0.1, "arms": {}})
+    tab(page, "A/B tests")
+    fill(page, "ab-id", str(ab))
+    page.locator("#ab-open").click()
+    expect(page.locator("#ab-summary")).to_contain_text("McNemar", timeout=UI_S)
+    expect(page.locator("#ab-summary")).to_contain_text("4 solved by A only, 1 by B only")
+    expect(page.locator("#ab-episodes")).to_contain_text("arm")
+    shot(page, request, "ab-paired")
+
+
+def test_semantic_search_finds_the_entry_by_its_text(app, page, request):
+    task = "Dungeon 9: reach the staircase down"
+    for t, c in (("Monster", "step around the monster diagonally"), ("Trap", "the trap is one square west of the door"),
+                 ("Stairs in the dark", "the stairs (>) are two squares south and one east of where you start; walk there "
+                                        "in the dark")):
+        add_entry(app, f"## Title: {t}\n## Description: d\n## Content: {c}", task=task, env="minihack/Room-Ultimate-5x5")
+    tab(page, "Library")
+    page.locator("#lib-search input, #lib-search textarea").first.fill("how do I find the stairs in the dark")
+    page.locator("#lib-search-btn").click()
+    expect(page.locator("#search-table .virtual-row").first).to_contain_text("Stairs in the dark", timeout=SLOW_S)
+    expect(page.locator("#search-table")).to_contain_text("task score")
+
+
+def test_runs_rows_stay_one_line(app, page, request):
+    rid = app.store.create_run("long-backend", variant="grpo", env="minihack/Room-5x5", status="stopped")
+    app.store.update_run(rid, device="cpu", backend=("hf (Qwen2ForCausalLM, 3.2M params, fp32, 1 thread); " * 6)[:250])
+    row = page.locator("#runs-table .virtual-row", has_text="long-backend").first  # Gradio's rows are divs
+    expect(row).to_be_visible(timeout=UI_S)
+    assert row.bounding_box()["height"] < 60
+    row.locator(".body-cell").first.click()
+    expect(page.locator("#run-details")).to_contain_text("Qwen2ForCausalLM", timeout=UI_S)
+
+
+def test_episode_view_is_a_step_slider(page, request):
+    tab(page, "Agent demo")
+    page.locator("#demo-start").click()
+    expect(page.locator("#demo-status")).to_contain_text("ready", timeout=UI_S)
+    for n in range(1, 4):
+        page.locator("#demo-step").click()
+        expect(page.locator("#demo-episode .comprl-step-label")).to_contain_text(f"turn {n} of {n}", timeout=UI_S)
+    assert page.locator("#demo-episode .comprl-step:visible").count() == 1
+    page.locator("#live-slider").fill("0")
+    expect(page.locator("#demo-episode .comprl-step-label")).to_contain_text("turn 0 of 3")
+    assert page.locator("#demo-episode .comprl-step:visible").first.get_attribute("data-turn") == "0"
+    shot(page, request, "step-slider")
+
+
+def test_an_extracted_entry_links_its_source_episode_and_explains_its_count(app, page, request):
+    ep = app.store.add_trajectories([{"run_id": None, "env": "minihack/Room-5x5", "task": "reach", "seed": 7, "success": True,
+                                      "reward": 1.0, "num_actions": 2, "with_experience": False,
+                                      "steps": [{"observation": "the source episode's first view", "action": "east",
+                                                 "reward": 0.0}]}])[0]
+    eid = add_entry(app, "## Title: From an episode\n## Description: d\n## Content: c", source_episode_id=ep)
+    app.store.record_retrievals([eid] * 8)
+    tab(page, "Library")
+    open_entry(page, eid)
+    expect(page.locator("#entry-usage-note")).to_contain_text("retrieved 8× in all", timeout=UI_S)
+    page.locator("#entry-source-btn").click()
+    expect(page.locator("#entry-source-episode")).to_contain_text(f"episode #{ep}", timeout=UI_S)
