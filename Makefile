@@ -15,7 +15,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip "setuptools<81" wheel
 	# The CPU wheel of torch first: a bare `torch` would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e ".[dev]"
+	# [real] builds llama.cpp's server from source (llama-cpp-python: no Linux wheel on PyPI): measured 7m20s on
+	# this 2-core machine under load, once; pip's wheel cache serves it after that. Portable CPU flags: a
+	# -march=native build (AMX, AVX-512) crashed on every multi-token prompt here.
+	CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AMX=OFF -DGGML_AVX512=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+	  $(BIN)/pip install -q -e ".[dev,real]"
 	touch $(STAMP)
 
 run: setup

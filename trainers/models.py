@@ -53,6 +53,7 @@ __all__ = [
     "OpenAIBackend",
     "VLLMWeightSyncExtension",
     "load_backend",
+    "inference_backend",
     "vllm_available",
     "build_tokenizer",
     "build_tiny_qwen2",
@@ -317,6 +318,11 @@ class HFBackend:
         # this lock; a learner holds it around optimizer.step() so that one generate call never
         # samples from two policy versions.
         self.lock = threading.RLock()
+        # Episode sessions (rollouts reusing their prefix): key -> (ids the cache covers, per-layer (K, V) of shape
+        # (1, H, L, D)). generate(..., sessions=keys) prefills only what a row's prompt adds to its session's ids.
+        self.sessions: dict[Any, tuple[list[int], list[tuple[Tensor, Tensor]]]] = {}
+        self.sessions_ok = _cache_roundtrips()
+        self.prefill_computed = 0  # prompt tokens run through the model by generate (a counter for benchmarks)
 
     # -- plumbing
 
@@ -346,6 +352,15 @@ class HFBackend:
 
     # -- sampling
 
+    def drop_sessions(self, keys: Iterable[Any] | None = None) -> None:
+        """Forget the KV caches of these sessions (all of them when None)."""
+        with self.lock:
+            if keys is None:
+                self.sessions.clear()
+            else:
+                for k in keys:
+                    self.sessions.pop(k, None)
+
     @torch.no_grad()
     def generate(
         self,
@@ -356,11 +371,19 @@ class HFBackend:
         top_p: float = 1.0,
         stop: Sequence[str] | None = None,
         seed: int | None = None,
+        sessions: Sequence[Any] | None = None,
     ) -> list[GenerationOutput]:
         """Sample one completion per prompt (strings are tokenised without special tokens).
 
         temperature 0 is greedy. One RNG per call, seeded by `seed` (or drawn from torch's global RNG),
         so a call is reproducible; prompts are sorted by length and run in batches of `max_batch_size`.
+
+        `sessions` (one hashable key per prompt, e.g. an episode): the KV cache of each row is kept under
+        its key after the call, covering the prompt and the reply; the next call with the same key
+        prefills only the tokens past the longest common prefix of that cache and the new prompt (a
+        multi-turn episode whose prompt extends the last one runs only the new turn). `drop_sessions`
+        frees them; new weights (`load_weights`) drop them all. Outputs equal those without sessions up
+        to float rounding.
         """
         if max_new_tokens < 1:
             raise ValueError("max_new_tokens must be at least 1")
@@ -379,10 +402,14 @@ class HFBackend:
         stops = [s for s in (stop or []) if s]
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # similar lengths together: less padding
         results: list[GenerationOutput | None] = [None] * len(ids)
+        if sessions is not None and len(sessions) != len(ids):
+            raise ValueError(f"sessions names {len(sessions)} keys for {len(ids)} prompts")
+        keys = list(sessions) if sessions is not None and self.sessions_ok else None
         with self.lock:
             for start in range(0, len(order), self.max_batch_size):
                 chunk = order[start : start + self.max_batch_size]
-                outs = self._generate_batch([ids[i] for i in chunk], max_new_tokens, float(temperature), float(top_p), stops, gen)
+                outs = self._generate_batch([ids[i] for i in chunk], max_new_tokens, float(temperature), float(top_p), stops, gen,
+                                            keys=[keys[i] for i in chunk] if keys is not None else None)
                 for i, o in zip(chunk, outs):
                     results[i] = o
         return [r for r in results if r is not None]
@@ -398,9 +425,19 @@ class HFBackend:
         return out.logits, new_cache
 
     def _generate_batch(
-        self, prompts: list[list[int]], max_new: int, temperature: float, top_p: float, stops: list[str], gen: torch.Generator
+        self, prompts: list[list[int]], max_new: int, temperature: float, top_p: float, stops: list[str], gen: torch.Generator,
+        keys: list[Any] | None = None,
     ) -> list[GenerationOutput]:
         b = len(prompts)
+        reuse = [0] * b  # per row: leading prompt tokens its session's cache already holds
+        if keys is not None:
+            for i, (k, p) in enumerate(zip(keys, prompts)):
+                held = self.sessions.get(k)
+                if held is not None:
+                    reuse[i] = min(_common_len(held[0], p), len(p) - 1)
+        if max(reuse) > 0:
+            logits, cache, attn = self._prefill_from_sessions(prompts, keys, reuse)
+            return self._decode(prompts, logits, cache, attn, max_new, temperature, top_p, stops, gen, keys)
         # Identical prompts are prefilled once: a GRPO group's K rollouts of one task start from one
         # prompt, and rollouts that took the same actions meet again (measured on the default: 12 unique
         # first-turn prompts of 128, 9% of a step's prefill tokens repeated). Rows are restored below.
@@ -435,9 +472,47 @@ class HFBackend:
         input_ids, attn = input_ids.to(self.device), attn.to(self.device)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)[:, shared:]  # (B, W)
         logits, cache = self._forward(input_ids=input_ids, attention_mask=attn, position_ids=pos, logits_to_keep=1, cache=cache)
+        self.prefill_computed += shared + sum(len(p) for p in rest)
         if rows is not None:  # one row per prompt again, each sampled on its own
             cache.batch_select_indices(rows)
             logits, attn = logits[rows], attn[rows]
+        return self._decode(given, logits, cache, attn, max_new, temperature, top_p, stops, gen, keys)
+
+    def _prefill_from_sessions(self, prompts: list[list[int]], keys: list[Any], reuse: list[int]) -> tuple[Tensor, Any, Tensor]:
+        """Prefill where rows continue their sessions: each row's kept cache (its first reuse[i] tokens) is
+        left-padded to a common width, then the rows' new tokens run in one left-padded batch. Mask:
+        [pads | row's cached tokens | pads | row's new tokens]; positions from its cumulative sum."""
+        n = len(prompts)
+        width_c = max(reuse)
+        layers = None
+        for i, k in enumerate(keys):
+            if not reuse[i]:
+                continue
+            held = self.sessions[k][1]
+            if layers is None:
+                layers = [(torch.zeros((n, *kk.shape[1:2], width_c, kk.shape[3]), dtype=kk.dtype, device=kk.device),
+                           torch.zeros((n, *vv.shape[1:2], width_c, vv.shape[3]), dtype=vv.dtype, device=vv.device)) for kk, vv in held]
+            for (dk, dv), (kk, vv) in zip(layers, held):
+                dk[i, :, width_c - reuse[i]:] = kk[0, :, : reuse[i]]
+                dv[i, :, width_c - reuse[i]:] = vv[0, :, : reuse[i]]
+        cache = _cache_from(layers)
+        rest = [p[r:] for p, r in zip(prompts, reuse)]
+        width = max(len(p) for p in rest)
+        input_ids = torch.full((n, width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((n, width_c + width), dtype=torch.long)
+        for i, (p, r) in enumerate(zip(rest, reuse)):
+            attn[i, width_c - r: width_c] = 1
+            input_ids[i, width - len(p):] = torch.as_tensor(p, dtype=torch.long)
+            attn[i, width_c + width - len(p):] = 1
+        input_ids, attn = input_ids.to(self.device), attn.to(self.device)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)[:, width_c:]
+        logits, cache = self._forward(input_ids=input_ids, attention_mask=attn, position_ids=pos, logits_to_keep=1, cache=cache)
+        self.prefill_computed += sum(len(p) for p in rest)
+        return logits, cache, attn
+
+    def _decode(self, given: list[list[int]], logits: Tensor, cache: Any, attn: Tensor, max_new: int, temperature: float,
+                top_p: float, stops: list[str], gen: torch.Generator, keys: list[Any] | None) -> list[GenerationOutput]:
+        b = len(given)
         next_pos = attn.sum(-1, keepdim=True)  # (B, 1): each row's next position = its real length
 
         tokens: list[list[int]] = [[] for _ in range(b)]
@@ -481,6 +556,8 @@ class HFBackend:
             logits, cache = self._forward(input_ids=feed[:, None], attention_mask=attn, position_ids=next_pos, cache=cache)
             next_pos = next_pos + 1
 
+        if keys is not None:
+            self._keep_sessions(keys, given, tokens, cache, attn)
         outs = []
         for i in range(b):
             text = self.tokenizer.decode(tokens[i], skip_special_tokens=True)
@@ -488,6 +565,19 @@ class HFBackend:
                 text = text[: min(text.find(s) for s in stops if s in text)]
             outs.append(GenerationOutput(list(given[i]), tokens[i], text, raw_lps[i], samp_lps[i], reasons[i]))
         return outs
+
+    def _keep_sessions(self, keys: list[Any], given: list[list[int]], tokens: list[list[int]], cache: Any, attn: Tensor) -> None:
+        """Keep each row's cache: the prompt and the reply but its last token (never fed back), in order."""
+        tensors = _cache_tensors(cache)
+        for i, k in enumerate(keys):
+            ids = list(given[i]) + tokens[i][:-1]
+            cols = attn[i].nonzero().squeeze(-1)[: len(ids)]
+            if len(cols) < len(ids):
+                continue
+            self.sessions.pop(k, None)
+            self.sessions[k] = (ids, [(kk[i : i + 1, :, cols].clone(), vv[i : i + 1, :, cols].clone()) for kk, vv in tensors])
+        while len(self.sessions) > MAX_SESSIONS:  # a caller that never drops: the oldest go first
+            self.sessions.pop(next(iter(self.sessions)))
 
     # -- scoring and training
 
@@ -554,6 +644,7 @@ class HFBackend:
                     raise BackendError(f"Weight {name!r} has shape {tuple(t.shape)} but the model expects {tuple(dst.shape)}.")
                 dst.data.copy_(t.to(device=dst.device, dtype=dst.dtype))
                 seen.add(name)
+            self.sessions.clear()  # caches computed under the old weights
         tied = bool(getattr(self._base_model().config, "tie_word_embeddings", False))
         missing = [n for n in targets if n not in seen and not (tied and n == "lm_head.weight") and "rotary_emb" not in n]
         if missing:
@@ -597,6 +688,47 @@ def _dynamic_cache() -> Any:
 
 def _cache_repeatable() -> bool:
     return hasattr(_dynamic_cache(), "batch_repeat_interleave")
+
+
+MAX_SESSIONS = 4096  # kept episode caches per back end
+
+
+def _common_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    k = 0
+    while k < n and a[k] == b[k]:
+        k += 1
+    return k
+
+
+def _cache_tensors(cache: Any) -> list[tuple[Tensor, Tensor]]:
+    """Per-layer (keys, values), each (B, H, T, D), of a transformers cache (5.x layers, 4.x lists, legacy tuples)."""
+    if hasattr(cache, "layers"):
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    if hasattr(cache, "key_cache"):
+        return list(zip(cache.key_cache, cache.value_cache))
+    return [(k, v) for k, v in cache]
+
+
+def _cache_from(layers: Sequence[tuple[Tensor, Tensor]]) -> Any:
+    """A DynamicCache holding these per-layer (keys, values)."""
+    dc = _dynamic_cache()
+    try:
+        return dc(ddp_cache_data=[(k, v) for k, v in layers])
+    except TypeError:  # transformers 4.x before ddp_cache_data
+        return dc.from_legacy_cache(tuple((k, v) for k, v in layers))
+
+
+def _cache_roundtrips() -> bool:
+    """Whether a cache can be taken apart and rebuilt here (episode sessions need it)."""
+    if _dynamic_cache() is None:
+        return False
+    try:
+        k = torch.zeros((1, 1, 2, 2))
+        back = _cache_tensors(_cache_from([(k, k)]))
+        return len(back) == 1 and tuple(back[0][0].shape) == (1, 1, 2, 2)
+    except Exception:  # noqa: BLE001 - an unknown cache API: sessions are off, generation is unchanged
+        return False
 
 
 def _transformers_major() -> int:
@@ -781,6 +913,8 @@ class OpenAIBackend:
         tokenizer_path: str | os.PathLike | None = None,
         token_ids_from_server: bool = False,
         concurrency: int = 8,
+        prompts_as_text: bool = False,
+        want_logprobs: bool = True,
     ) -> None:
         import requests
 
@@ -795,6 +929,11 @@ class OpenAIBackend:
         # vLLM's server can name tokens "token_id:N" (return_tokens_as_token_ids); other servers reject it.
         self.token_ids_from_server = token_ids_from_server
         self.concurrency = max(1, int(concurrency))
+        # Token-id prompts are sent as their text (decoded with special tokens kept) when the server takes no ids
+        # (llama.cpp's Python server reads `prompt` as text) or when asked; the server tokenises them again.
+        self.prompts_as_text = bool(prompts_as_text)
+        self.want_logprobs = bool(want_logprobs)  # inference roles need none (llama.cpp computes them only on request)
+        self.requests_sent = 0
         self.session = requests.Session()
         key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY", "")
         if key:
@@ -813,6 +952,7 @@ class OpenAIBackend:
         url = f"{self.base_url}/{route}"
         last = ""
         for attempt in range(self.max_retries + 1):
+            self.requests_sent += 1
             try:
                 r = self.session.post(url, json=body, timeout=self.timeout)
             except (self._requests.ConnectionError, self._requests.Timeout) as e:
@@ -844,37 +984,48 @@ class OpenAIBackend:
         top_p: float = 1.0,
         stop: Sequence[str] | None = None,
         seed: int | None = None,
+        sessions: Sequence[Any] | None = None,  # accepted for the Roller's sake; the server keeps its own prefix cache
     ) -> list[GenerationOutput]:
+        """One /completions request per prompt, `concurrency` at a time (servers batch concurrent requests;
+        llama.cpp's Python server takes one prompt per request). Sampling seed: `seed` + the prompt's index."""
+        del sessions
         prompt_list = [p if isinstance(p, str) else [int(t) for t in p] for p in prompts]
         if not prompt_list:
             return []
-        body: dict[str, Any] = {
-            "model": self.model,
-            "prompt": prompt_list,
-            "max_tokens": max_new_tokens,
-            "temperature": temperature,
-            "top_p": top_p,
-            "logprobs": 1,
-        }
-        if stop:
-            body["stop"] = list(stop)
-        if seed is not None:
-            body["seed"] = int(seed)
-        if self.token_ids_from_server:
-            body["return_tokens_as_token_ids"] = True
-        data = self._post("completions", body)
-        choices = sorted(data.get("choices", []), key=lambda c: c.get("index", 0))
-        if len(choices) != len(prompt_list):
-            raise BackendError(f"The endpoint returned {len(choices)} completions for {len(prompt_list)} prompts.")
-        out = []
-        for p, c in zip(prompt_list, choices):
+        if self.prompts_as_text and any(not isinstance(p, str) for p in prompt_list) and self.tokenizer is None:
+            raise BackendError("prompts_as_text needs a local tokenizer (tokenizer_path) to turn token ids into text.")
+
+        def one(i: int) -> GenerationOutput:
+            p = prompt_list[i]
+            sent: str | list[int] = p
+            if self.prompts_as_text and not isinstance(p, str):
+                sent = self.tokenizer.decode(p, skip_special_tokens=False)
+            body: dict[str, Any] = {"model": self.model, "prompt": sent, "max_tokens": max_new_tokens,
+                                    "temperature": temperature, "top_p": top_p}
+            if self.want_logprobs:
+                body["logprobs"] = 1
+            if stop:
+                body["stop"] = list(stop)
+            if seed is not None:
+                body["seed"] = (int(seed) + i) % (2**31)
+            if self.token_ids_from_server:
+                body["return_tokens_as_token_ids"] = True
+            data = self._post("completions", body)
+            choices = data.get("choices") or []
+            if len(choices) != 1:
+                raise BackendError(f"The endpoint returned {len(choices)} completions for 1 prompt.")
+            c = choices[0]
             lp = c.get("logprobs") or {}
             text = c.get("text", "")
             pids = p if isinstance(p, list) else (self.tokenizer(p, add_special_tokens=False)["input_ids"] if self.tokenizer is not None else [])
             reason = "length" if c.get("finish_reason") == "length" else "stop"
-            out.append(GenerationOutput(list(pids), self._token_ids(lp.get("tokens") or [], text), text,
-                                        [float(x) for x in (lp.get("token_logprobs") or [])], [], reason))
-        return out
+            return GenerationOutput(list(pids), self._token_ids(lp.get("tokens") or [], text), text,
+                                    [float(x) for x in (lp.get("token_logprobs") or []) if x is not None], [], reason)
+
+        if len(prompt_list) == 1:
+            return [one(0)]
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(prompt_list))) as pool:
+            return list(pool.map(one, range(len(prompt_list))))
 
     def chat(
         self,
@@ -944,7 +1095,8 @@ def load_backend(
     """Build a back end: "auto" picks vllm when it is importable and CUDA is present, else hf.
 
     kind "openai" needs `base_url`; `model_path` is then the served model's name (and, when it is a
-    local folder, its tokenizer). Extra keyword arguments go to the back end's constructor.
+    local folder, its tokenizer), unless `served_model` names it. Extra keyword arguments go to the
+    back end's constructor.
     Prints which back end and device it uses (unless quiet), so a run's log says so.
     """
     if kind not in ("auto", "hf", "vllm", "openai"):
@@ -954,8 +1106,10 @@ def load_backend(
             raise BackendError("The openai back end needs base_url (e.g. http://127.0.0.1:8000/v1).")
         if model_path is None:
             raise BackendError("The openai back end needs the served model's name as model_path.")
-        tok = model_path if Path(str(model_path)).joinpath("config.json").is_file() else None
-        backend: ModelBackend = OpenAIBackend(base_url, str(model_path), api_key=api_key, tokenizer_path=tok, **kwargs)
+        folder = Path(str(model_path)).expanduser()
+        local = folder.joinpath("config.json").is_file() or folder.joinpath("tokenizer_config.json").is_file()
+        served = kwargs.pop("served_model", None) or str(model_path)
+        backend: ModelBackend = OpenAIBackend(base_url, served, api_key=api_key, tokenizer_path=folder if local else None, **kwargs)
     else:
         if model_path is None:
             raise BackendError(f"The {kind} back end needs model_path, a Hugging Face model folder.")
@@ -970,6 +1124,20 @@ def load_backend(
     if not quiet:
         print(f"[comprl] model back end: {backend.describe()}", flush=True)
     return backend
+
+
+def inference_backend(model_cfg: Any, path: str | os.PathLike, *, num_threads: int | None = None, quiet: bool = False) -> ModelBackend:
+    """What an inference role generates with (evaluation, A/B arms, the demo, a frozen actor or extractor),
+    from a config's model section (trainers/config.py ModelSection): an OpenAI-compatible endpoint when
+    `backend: openai` (the folder at `path` gives the tokenizer and chat template; prompts go as text), vLLM
+    when `backend: vllm`, else transformers."""
+    if model_cfg.backend == "openai":
+        return load_backend("openai", path, base_url=model_cfg.base_url, served_model=model_cfg.served_model or Path(str(path)).name,
+                            timeout=model_cfg.timeout_s, max_retries=model_cfg.max_retries, prompts_as_text=True,
+                            want_logprobs=False, quiet=quiet)
+    if model_cfg.backend == "vllm":
+        return load_backend("vllm", path, quiet=quiet)
+    return load_backend("hf", path, device=model_cfg.device, num_threads=num_threads, quiet=quiet)
 
 
 # ---------------------------------------------------------------------------- tiny default models

@@ -5,6 +5,7 @@
     parse_merge(text, chunk)                        -> ops or None          the same, yes/no view
     parse_extractor_answer(text, n_previous=0)      -> ops or None          the warm start's parse rate
     parse_rewrite(text)                             -> str                  search-and-ask rewrites
+    parse_action(text, admissible=None)             -> str                  the actor's action reply
 
 A model answer never raises, whatever it is: each bad answer is one no-op with a reason in
 `Parsed.error`, so a batch of answers loses only its bad ones (the training loop counts them).
@@ -199,3 +200,55 @@ def parse_merge(text: str, chunk: Sequence[Experience]) -> list[Operation] | Non
 def parse_rewrite(text: str) -> str:
     """A search-and-ask rewrite: the last answer block's text, or "" (the caller falls back to the entry)."""
     return answer_block(text) or ""
+
+
+# -- the actor's action replies --------------------------------------------------------------------
+
+_LEAD = re.compile(r"^(?:(?:my |the |next |final )?(?:action|answer|command|move|reply)\s*[:=-]|i (?:will|would|choose to|choose)\b|"
+                   r"let'?s\b|>+|[-*•]|\d+[.)])\s*", re.I)
+MAX_EXTRA_WORDS = 5  # words around an admissible action in a reply that still count as naming it
+_QUOTES = "\"'`“”‘’«»*_"
+
+
+def _clean(line: str) -> str:
+    """One reply line without decoration: 'Action: "go north".' -> 'go north'."""
+    s = line.strip()
+    for _ in range(3):  # "> Action: `go north`" peels in turns
+        s = _LEAD.sub("", s).strip().strip(_QUOTES).strip()
+    return s.rstrip(".!;,").strip().strip(_QUOTES).strip()
+
+
+def _norm(s: str) -> str:
+    return " ".join(re.sub(r"[^a-z0-9 ]", " ", s.lower()).split())
+
+
+def parse_action(text: str, admissible: Sequence[str] | None = None) -> str:
+    """An actor's reply -> the action the env is sent. Never raises.
+
+    Without `admissible` (the compact prompts of the tiny models): the first non-empty line, as is.
+    With the env's admissible actions (the chat prompts): tolerant of what chat models add around an
+    action — "Action: go north", quotes and backticks, a trailing period, a list marker, other case,
+    words before or after ("I will go to fridge 1 to look inside"). The first non-empty line that
+    names an admissible action wins: equal after normalising case and punctuation, else the longest
+    admissible action inside it as whole words (so "go to fridge 1" beats "look") with at most
+    MAX_EXTRA_WORDS other words on the line; a reply naming
+    none is sent cleaned, and the env judges it invalid."""
+    lines = [ln for ln in (text or "").strip().splitlines() if ln.strip()]
+    if not admissible:
+        return lines[0].strip() if lines else ""
+    by_norm: dict[str, str] = {}
+    for a in admissible:
+        by_norm.setdefault(_norm(a), a)
+    by_norm.pop("", None)
+    for ln in lines[:4]:
+        cleaned = _clean(ln)
+        n = _norm(cleaned)
+        if n in by_norm:
+            return by_norm[n]
+        padded, words = f" {n} ", len(n.split())
+        # a few words around the action ("I will go to fridge 1 to look inside"), not a copied sentence that
+        # happens to name a direction ("You see a door to the north" is no move)
+        inside = [k for k in by_norm if f" {k} " in padded and words - len(k.split()) <= MAX_EXTRA_WORDS]
+        if inside:
+            return by_norm[max(inside, key=len)]
+    return _clean(lines[0]) if lines else ""

@@ -67,8 +67,49 @@ REWRITE_USER = (
     "Answer as <think>...</think><answer>your answer</answer>."
 )
 
+# -- the chat set (rollout.prompt_style: chat): for pretrained instruction-tuned models -----------------------
+# A real chat model given the compact prompt above copies the observation (SmolLM2-135M-Instruct: 0 of 12
+# valid actions on MiniHack and on ALFWorld). What fixed it: the admissible actions in the prompt, one
+# example exchange in front, and a multi-turn layout (each past observation a user message, each past
+# action an assistant message). The layout also makes each turn's prompt extend the last one, so a
+# back end that keeps an episode's KV cache prefills only the new turn (trainers/models.py sessions).
+#
+#   system:    CHAT_SYSTEM (the reply grammar and the env's rules)
+#   user:      CHAT_EXAMPLE_USER       } one or more example exchanges, separated by a line "---"
+#   assistant: CHAT_EXAMPLE_ASSISTANT  }
+#   user:      CHAT_FIRST (task, experience block) + CHAT_TURN (first kept observation)
+#   assistant: action    } the history window, moved in strides so the prefix stays put between moves
+#   user:      CHAT_TURN  }
+#   user:      ... the current observation with its admissible actions (CHAT_ACTIONS), "Your action:"
+CHAT_SYSTEM = (
+    "You are playing a text game. Each turn, choose one action from the list of admissible actions and reply with "
+    "that action only, exactly as written.\nRules of this game: {action_format}{tool}"
+)
+CHAT_TOOL = ("\nIf you are stuck you may instead ask the experience library, replying "
+             "<search_and_ask>your question</search_and_ask>.")
+# Two made-up exchanges, a household and a grid (measured on SmolLM2-135M-Instruct: with none it copies the
+# observation or the task sentence; with one whose answer resembles the task, "take mug 2 …", it wrote "put …").
+CHAT_EXAMPLE_USER = (
+    "Task: put a clean mug on the shelf.\nObservation:\nYou are in the kitchen. Looking quickly around you, you see a "
+    "cabinet 1, a shelf 1, a sinkbasin 1 and a countertop 1.\n\nYour task is to: put a clean mug on the shelf.\n"
+    "Admissible actions:\n- go to cabinet 1\n- go to countertop 1\n- go to shelf 1\n- go to sinkbasin 1\n- inventory\n- look\n"
+    "Which action do you take?"
+    "\n---\n"
+    "Task: reach the door.\nObservation:\nYou stand in a corridor. The door is 2 squares north of you.\n"
+    "Admissible actions:\n- north\n- east\n- south\n- west\nWhich action do you take?"
+)
+CHAT_EXAMPLE_ASSISTANT = "go to countertop 1\n---\nnorth"
+CHAT_FIRST = "Task: {task}\n{experience_block}"
+CHAT_EXPERIENCE_BLOCK = "Experience from earlier episodes (it may be wrong; check it against what you see):\n{experience}\n"
+CHAT_TURN = "Observation:\n{observation}\n{actions_block}Which action do you take?"
+CHAT_ACTIONS = "Admissible actions:\n{actions}\n"  # {actions}: one "- action" line each
+
 TEMPLATE_NAMES = ("ACTOR_SYSTEM", "ACTOR_SYSTEM_NO_TOOL", "EXPERIENCE_BLOCK", "ACTOR_USER", "HISTORY_ITEM", "TOOL_RESULT", "ACTOR_CRITIC",
-                  "EXTRACTOR_SYSTEM", "EXTRACTOR_USER", "MERGE_USER", "REWRITE_USER")
+                  "EXTRACTOR_SYSTEM", "EXTRACTOR_USER", "MERGE_USER", "REWRITE_USER",
+                  "CHAT_SYSTEM", "CHAT_TOOL", "CHAT_EXAMPLE_USER", "CHAT_EXAMPLE_ASSISTANT", "CHAT_FIRST", "CHAT_EXPERIENCE_BLOCK",
+                  "CHAT_TURN", "CHAT_ACTIONS")
+PROMPT_STYLES = ("compact", "chat")
+MAX_LISTED_ACTIONS = 60  # admissible actions shown per turn (ALFWorld lists ~20-50)
 
 SEARCH_AND_ASK = re.compile(r"<search_and_ask>(.*?)(?:</search_and_ask>|$)", re.S)
 
@@ -123,16 +164,26 @@ def actor_messages(
 
 
 def fit_history(history: Sequence[tuple[str, str]], *, max_turns: int, max_chars: int,
-                keep_first: bool = False) -> list[tuple[str, str]]:
+                keep_first: bool = False, stride: int = 1) -> list[tuple[str, str]]:
     """The most recent (observation, action) pairs within a turn and character budget.
 
     `keep_first` also keeps the episode's first pair, ahead of the recent ones and inside the same
-    character budget (ALFWorld names the room's receptacles only in its first observation)."""
+    character budget (ALFWorld names the room's receptacles only in its first observation).
+
+    `stride` > 1 moves the window's start only in steps of `stride` pairs (the chat set): between
+    moves each turn's history extends the previous one, so a kept KV cache covers it; the window
+    then holds between max_turns - stride + 1 and max_turns pairs."""
     pairs = list(history)
     first: list[tuple[str, str]] = []
     if keep_first and pairs and max_turns > 0 and len(pairs[0][0]) + len(pairs[0][1]) <= max_chars:
         first, pairs = pairs[:1], pairs[1:]
         max_chars -= len(first[0][0]) + len(first[0][1])
+    if stride > 1 and max_turns > 0:
+        n = len(pairs)
+        start = -(-max(0, n - max_turns) // stride) * stride  # the first multiple of stride that fits the turn budget
+        while start < n and sum(len(o) + len(a) for o, a in pairs[start:]) > max_chars:
+            start += stride
+        return first + pairs[start:]
     out: list[tuple[str, str]] = []
     used = 0
     for o, a in reversed(pairs[-max_turns:] if max_turns > 0 else []):
@@ -143,15 +194,75 @@ def fit_history(history: Sequence[tuple[str, str]], *, max_turns: int, max_chars
     return first + out[::-1]
 
 
-def parse_actor_reply(text: str) -> tuple[str, str]:
-    """("tool", query) for a search-and-ask call, else ("action", the first non-empty line)."""
+def parse_actor_reply(text: str, admissible: Sequence[str] | None = None) -> tuple[str, str]:
+    """("tool", query) for a search-and-ask call, else ("action", the action): trainers/parsing.py
+    `parse_action` reads it (first non-empty line; with `admissible`, tolerant of extra words,
+    quotes and "Action: …")."""
+    from trainers.parsing import parse_action
+
     m = SEARCH_AND_ASK.search(text)
     if m:
         return "tool", m.group(1).strip()
-    for line in text.strip().splitlines():
-        if line.strip():
-            return "action", line.strip()
-    return "action", ""
+    return "action", parse_action(text, admissible)
+
+
+def chat_actor_messages(
+    *,
+    action_format: str,
+    task: str,
+    observation: str,
+    experience: str = "",
+    history: Sequence[tuple[str, str]] = (),
+    admissible: Sequence[str] = (),
+    allow_tool: bool = False,
+    templates: Templates = DEFAULT_TEMPLATES,
+) -> list[dict[str, str]]:
+    """The chat set's conversation for one actor turn (see CHAT_SYSTEM above): rules, example
+    exchange(s), then the episode as alternating user (observation) / assistant (action) messages.
+    Only the current observation lists the admissible actions, so past turns render the same every
+    turn and the prompt grows by appending."""
+    t = templates
+    msgs = [{"role": "system", "content": t["CHAT_SYSTEM"].format(action_format=action_format.strip(),
+                                                                  tool=t["CHAT_TOOL"] if allow_tool else "")}]
+    users = [u.strip() for u in t["CHAT_EXAMPLE_USER"].split("\n---\n") if u.strip()]
+    replies = [a.strip() for a in t["CHAT_EXAMPLE_ASSISTANT"].split("\n---\n") if a.strip()]
+    for u, a in zip(users, replies):
+        msgs += [{"role": "user", "content": u}, {"role": "assistant", "content": a}]
+    exp = experience.strip()
+    head = t["CHAT_FIRST"].format(task=task, experience_block=t["CHAT_EXPERIENCE_BLOCK"].format(experience=exp) if exp else "")
+    turns = [(o, a) for o, a in history] + [(observation, None)]
+    for i, (o, a) in enumerate(turns):
+        listed = [x for x in admissible][:MAX_LISTED_ACTIONS] if a is None else []
+        block = t["CHAT_ACTIONS"].format(actions="\n".join(f"- {x}" for x in listed)) if listed else ""
+        body = t["CHAT_TURN"].format(observation=o.strip(), actions_block=block)
+        msgs.append({"role": "user", "content": (head + body) if i == 0 else body})
+        if a is not None:
+            msgs.append({"role": "assistant", "content": a})
+    return msgs
+
+
+def turn_messages(style: str, *, action_format: str, task: str, observation: str, experience: str = "",
+                  history: Sequence[tuple[str, str]] = (), admissible: Sequence[str] = (), allow_tool: bool = False,
+                  templates: Templates = DEFAULT_TEMPLATES) -> list[dict[str, str]]:
+    """One actor turn's conversation in either prompt style (rollouts, evaluation and the demo all call this)."""
+    if style == "chat":
+        return chat_actor_messages(action_format=action_format, task=task, observation=observation, experience=experience,
+                                   history=history, admissible=admissible, allow_tool=allow_tool, templates=templates)
+    if style != "compact":
+        raise ValueError(f"prompt style must be one of {', '.join(PROMPT_STYLES)}, not {style!r}")
+    return actor_messages(action_format=action_format, task=task, observation=observation, experience=experience,
+                          history=history, allow_tool=allow_tool, templates=templates)
+
+
+def history_stride(style: str, history_turns: int) -> int:
+    """How far the history window moves at once: 1 (compact: every turn), half the window (chat)."""
+    return max(1, history_turns // 2) if style == "chat" else 1
+
+
+def reply_stops(style: str) -> list[str]:
+    """Stop strings for an actor reply: the compact set's one-line reply ends at a newline; a chat
+    model's reply ends at its end-of-turn token (a leading newline must not end it empty)."""
+    return [] if style == "chat" else ["\n"]
 
 
 CRITIC_SCORES = {"accept": 1.0, "refine": 0.5, "reject": 0.0}

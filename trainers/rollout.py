@@ -87,6 +87,7 @@ class _Live:
     max_turns: int = 0
     done: bool = False
     keep_intro: bool = False
+    admissible: list[str] = field(default_factory=list)  # the env's valid actions now, where it lists them
 
 
 class Roller:
@@ -106,14 +107,23 @@ class Roller:
         self.stats: dict[str, float] = {}
         self.critic_stats: dict[str, float] = {}
 
+    @property
+    def style(self) -> str:
+        return getattr(self.rc, "prompt_style", "compact")
+
     def prompt_ids(self, live: _Live) -> list[int]:
-        msgs = P.actor_messages(
-            action_format=live.action_format, task=live.ep.traj.task, observation=live.observation,
+        msgs = P.turn_messages(
+            self.style, action_format=live.action_format, task=live.ep.traj.task, observation=live.observation,
             experience=live.ep.traj.experience_text,
             history=P.fit_history(live.history, max_turns=self.rc.history_turns, max_chars=self.rc.history_chars,
-                                  keep_first=live.keep_intro),
-            allow_tool=self.rc.search_and_ask > 0 and self.tool_fn is not None, templates=self.templates)
+                                  keep_first=live.keep_intro, stride=P.history_stride(self.style, self.rc.history_turns)),
+            admissible=live.admissible, allow_tool=self.rc.search_and_ask > 0 and self.tool_fn is not None,
+            templates=self.templates)
         return list(self.actor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))
+
+    def _sessions(self) -> bool:
+        """Whether the actor keeps each episode's KV cache between turns (hf back end, rollout.reuse_cache)."""
+        return bool(getattr(self.rc, "reuse_cache", False)) and hasattr(self.actor, "drop_sessions")
 
     def collect(self, specs: Sequence[EpisodeSpec], *, step: int, retrieval: bool = True) -> list[Episode]:
         """Play spec i on pool slot i."""
@@ -146,22 +156,26 @@ class Roller:
                 same_task = sum(found) / len(found)
             if self.rc.actor_critic:
                 self._critique(want, hits, step)
-        tokens = replies = cut = 0
+        tokens = replies = cut = prefill = 0
         turn = 0
+        computed0 = getattr(self.actor, "prefill_computed", 0)
         while True:
             active = [lv for lv in lives if not lv.done]
             if not active:
                 break
             prompts = [self.prompt_ids(lv) for lv in active]
+            extra = {"sessions": [id(lv) for lv in active]} if self._sessions() else {}
             outs = self.actor.generate(prompts, max_new_tokens=self.ac.max_new_tokens, temperature=self.ac.temperature,
-                                       top_p=self.ac.top_p, stop=["\n"], seed=derive_seed(self.seed, step, turn))
+                                       top_p=self.ac.top_p, stop=P.reply_stops(self.style), seed=derive_seed(self.seed, step, turn),
+                                       **extra)
+            prefill += sum(len(p) for p in prompts)
             turn += 1
             to_step: list[tuple[_Live, str]] = []
             for lv, p, o in zip(active, prompts, outs):
                 tokens += len(o.token_ids)
                 replies += 1
                 cut += o.finish_reason == "length"
-                kind, content = P.parse_actor_reply(o.text)
+                kind, content = P.parse_actor_reply(o.text, lv.admissible if self.style == "chat" else None)
                 if kind == "tool" and (lv.tool_calls >= self.rc.search_and_ask or self.tool_fn is None):
                     kind, content = "action", o.text.strip()  # over the budget: the env judges it as an action
                 lv.ep.turns.append(TurnSample(p, list(o.token_ids), list(o.logprobs), kind))
@@ -176,13 +190,21 @@ class Roller:
             for lv in active:
                 if not lv.done and lv.turns >= lv.max_turns:
                     self._finish(lv, truncated=True)
+            if self._sessions():
+                self.actor.drop_sessions([id(lv) for lv in active if lv.done])
+        if self._sessions():
+            self.actor.drop_sessions([id(lv) for lv in lives])
         dt = time.perf_counter() - t0
         self.stats = {"rollout/seconds": dt, "rollout/episodes_per_s": len(specs) / max(dt, 1e-9),
                       "rollout/tokens_per_s": tokens / max(dt, 1e-9), "rollout/retrieval_s": t_ret,
                       "rollout/env_restarts": float(self.pool.restarts()),
                       # replies that ran out of actor.max_new_tokens before an end token or newline: a share
                       # near 1 means the budget cuts actions short (ALFWorld's "take X from Y" needs 9+ tokens)
-                      "rollout/cut_replies": cut / max(1, replies), **self.critic_stats}
+                      "rollout/cut_replies": cut / max(1, replies), "rollout/turns": float(turn),
+                      "rollout/prompt_tokens": float(prefill), **self.critic_stats}
+        if hasattr(self.actor, "prefill_computed"):
+            # prompt tokens the model actually ran (the rest came from a kept cache, a shared prefix or a duplicate prompt)
+            self.stats["rollout/prefill_tokens"] = float(self.actor.prefill_computed - computed0)
         if same_task is not None:
             self.stats["retrieval/same_task_rate"] = same_task
         self.critic_stats = {}
@@ -225,7 +247,8 @@ class Roller:
                           group_id=spec.group_id)
         ep = Episode(spec, traj)
         limit = min(r.max_turns, self.max_turns) if self.max_turns else r.max_turns
-        lv = _Live(ep, slot, r.action_format, r.obs, max_turns=max(1, limit), keep_intro=r.keep_intro)
+        lv = _Live(ep, slot, r.action_format, r.obs, max_turns=max(1, limit), keep_intro=r.keep_intro,
+                   admissible=[str(a) for a in (r.info or {}).get("admissible_actions") or []])
         if r.error:  # the env failed to start: a failed episode, the run goes on
             ep.error = r.error
             self._finish(lv, truncated=False)
@@ -255,6 +278,7 @@ class Roller:
         lv.ep.traj.reward += float(r.reward)
         lv.history.append((lv.observation, action))
         lv.observation = r.obs
+        lv.admissible = [str(a) for a in (r.info or {}).get("admissible_actions") or []]
         lv.turns += 1
         if r.error:
             lv.ep.error = r.error
@@ -308,7 +332,7 @@ class EpisodePlayer:
 
     def __init__(self, env_name: str, seed: int, *, data_dir: str, db_url: str, checkpoint: str = "", use_library: bool = True,
                  max_new_tokens: int = 24, search_and_ask: int = 2, history_turns: int | None = None,
-                 history_chars: int | None = None):
+                 history_chars: int | None = None, prompt_style: str = "compact", actor: Any = None):
         from core.config import LibraryConfig
         from envs.registry import make_env
         from trainers.config import RolloutSection, resolve_model_path
@@ -322,7 +346,10 @@ class EpisodePlayer:
 
             ensure_models(data_dir)
             path = resolve_model_path("embedded:policy", data_dir)
-        self.actor = HFBackend(path, device="cpu" if not _cuda() else "auto", num_threads=1)
+        # `actor`: any back end (an openai endpoint serving the policy, for instance) instead of the folder
+        self.actor = actor if actor is not None else HFBackend(path, device="cpu" if not _cuda() else "auto", num_threads=1)
+        self.prompt_style = prompt_style
+        self.admissible: list[str] = []
         self.env = make_env(env_name)
         self.env_name, self.seed = env_name, seed
         self.max_new_tokens, self.search_budget = max_new_tokens, search_and_ask
@@ -348,7 +375,8 @@ class EpisodePlayer:
         self.tool_calls = 0
 
     def reset(self) -> dict[str, Any]:
-        self.observation, _ = self.env.reset(seed=self.seed)
+        self.observation, info = self.env.reset(seed=self.seed)
+        self.admissible = [str(a) for a in info.get("admissible_actions") or []]
         self.history, self.turn, self.done, self.tool_calls = [], 0, False, 0
         self.experience = ""
         if self.manager is not None:
@@ -361,12 +389,14 @@ class EpisodePlayer:
             raise RuntimeError("the episode is over; call reset() to play it again")
         allow_tool = self.manager is not None and self.tool_calls < self.search_budget
         history = P.fit_history(self.history, max_turns=self.history_turns, max_chars=self.history_chars,
-                                keep_first=keeps_intro(self.env))
-        msgs = P.actor_messages(action_format=self.env.action_format, task=self.env.task, observation=self.observation,
-                                experience=self.experience, history=history, allow_tool=allow_tool)
+                                keep_first=keeps_intro(self.env), stride=P.history_stride(self.prompt_style, self.history_turns))
+        msgs = P.turn_messages(self.prompt_style, action_format=self.env.action_format, task=self.env.task,
+                               observation=self.observation, experience=self.experience, history=history,
+                               admissible=self.admissible, allow_tool=allow_tool)
         ids = list(self.actor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))
-        out = self.actor.generate([ids], max_new_tokens=self.max_new_tokens, temperature=0.0, stop=["\n"])[0]
-        kind, content = P.parse_actor_reply(out.text)
+        out = self.actor.generate([ids], max_new_tokens=self.max_new_tokens, temperature=0.0,
+                                  stop=P.reply_stops(self.prompt_style))[0]
+        kind, content = P.parse_actor_reply(out.text, self.admissible if self.prompt_style == "chat" else None)
         self.turn += 1
         if kind == "tool" and allow_tool:
             self.tool_calls += 1
@@ -379,6 +409,7 @@ class EpisodePlayer:
             return d
         action = content if kind == "action" else out.text.strip()
         obs, reward, terminated, truncated, info = self.env.step(action)
+        self.admissible = [str(a) for a in info.get("admissible_actions") or []]
         self.history.append((self.observation, action))
         self.observation = obs
         self.done = terminated or truncated

