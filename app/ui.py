@@ -19,6 +19,8 @@ from core.store import SORTABLE
 # The A/B tab's default: the default run's recurring dark rooms, where a library holds each dungeon's lessons.
 AB_ENV = "minihack/Room-Ultimate-5x5"
 
+FOLLOW_END_JS = """() => { setTimeout(() => { const t = document.querySelector('#BOX textarea');
+  if (t) t.scrollTop = t.scrollHeight; }, 60); }"""
 CURVE_REFRESH_S = 1.0
 TABLE_REFRESH_S = 2.0
 PLAY_INTERVAL_S = 0.4
@@ -355,6 +357,10 @@ def build(wb: Workbench) -> gr.Blocks:
         for comp in (curve_runs, smoothing, x_axis):
             comp.change(lambda *a: _curves_out(wb.refresh_curves(*a)), inputs=curve_inputs, outputs=curve_outputs,
                         show_progress=hidden)
+        # Log boxes follow the end of their log (Gradio's autoscroll does not, for a value set by the server).
+        for box in ("run-log", "launch-log", "ab-log"):
+            {"run-log": run_log, "launch-log": launch_log, "ab-log": ab_log}[box].change(
+                None, js=FOLLOW_END_JS.replace("BOX", box))
         csv_btn.click(lambda runs, panel: wb.curves_csv(runs, panel), inputs=[curve_runs, csv_panel], outputs=[csv_file, csv_msg])
         table_timer.tick(lambda old: _choices(wb.run_choices(), old), inputs=curve_choices,
                          outputs=[curve_runs, curve_choices], show_progress=hidden)

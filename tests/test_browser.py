@@ -10,6 +10,7 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -616,3 +617,15 @@ def test_an_extracted_entry_links_its_source_episode_and_explains_its_count(app,
     expect(page.locator("#entry-usage-note")).to_contain_text("retrieved 8× in all", timeout=UI_S)
     page.locator("#entry-source-btn").click()
     expect(page.locator("#entry-source-episode")).to_contain_text(f"episode #{ep}", timeout=UI_S)
+
+
+def test_the_log_tail_follows_the_end(app, page, request):
+    log = app.data_dir / "logs" / "follow.log"
+    log.write_text("".join(f"line {i}\n" for i in range(300)))
+    rid = app.store.create_run("logged-run", variant="grpo", env="minihack/Room-5x5", status="stopped", log_path=str(log))
+    fill(page, "run-id", str(rid))
+    page.locator("#run-id input").press("Enter")
+    expect(page.locator("#run-log textarea")).to_have_value(re.compile("line 299"), timeout=UI_S)
+    page.wait_for_function("() => { const t = document.querySelector('#run-log textarea');"
+                           " return t && t.scrollHeight > t.clientHeight && t.scrollTop + t.clientHeight >= t.scrollHeight - 4; }",
+                           timeout=UI_S)
