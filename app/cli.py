@@ -238,7 +238,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
         for arm, s in out["arms"].items():
             print(f"arm {arm}: success {s['rate']:.3f} [{s['ci_low']:.3f}, {s['ci_high']:.3f}] over {s['n']}, "
                   f"mean actions {s['mean_actions']:.2f}")
-        print(f"difference {out['diff']:+.3f}, p = {out['p_value']:.3g}")
+        from app.service import ab_pairs
+        from core.store import ExperienceStore
+
+        store = ExperienceStore(db)
+        try:
+            _, paired = ab_pairs(store, store.get_ab_test(args.ab_test))
+        finally:
+            store.close()
+        if paired is None:
+            print(f"difference {out['diff']:+.3f}, unpaired p = {out['p_value']:.3g} (the episodes to pair are not all stored)")
+        else:  # both arms played the same seeds: the paired test
+            print(f"difference {out['diff']:+.3f}; paired (McNemar's, {paired['method']}) p = {paired['p_value']:.3g} on "
+                  f"{paired['pairs']} tasks: {paired['a_only']} solved by A only, {paired['b_only']} by B only")
         return 0
     if args.run_id is None:
         raise UserError("give a RUN_ID or --ab-test ID")

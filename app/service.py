@@ -1231,19 +1231,7 @@ class Workbench:
                 views.ab_results_table(t["results"]), views.ab_per_task_table(t["results"]), views.episodes_table(eps[:500]))
 
     def ab_paired(self, test: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
-        """(the test's episodes, oldest first, each with its "arm"; McNemar's paired test, or None before both
-        arms have played). The evaluator plays arm A's episodes, then arm B's, one per seed each, and stores each
-        arm's at once: the first len(seeds) episodes of the test are A's. Pairs are matched by seed."""
-        n = len(test["config"].get("seeds", []))
-        eps = sorted(self.store.list_trajectories(ab_test_id=test["id"], limit=2 * n + 10), key=lambda t: t["id"])
-        for i, t in enumerate(eps):
-            t["arm"] = "A" if i < n else "B"
-        if not n or len(eps) < 2 * n:
-            return eps, None
-        by_arm = {arm: {t["seed"]: t["success"] for t in eps if t["arm"] == arm} for arm in ("A", "B")}
-        counts = paired_outcomes(by_arm["A"], by_arm["B"])
-        p, method = mcnemar_test(counts["a_only"], counts["b_only"])
-        return eps, {**counts, "p_value": p, "method": method}
+        return ab_pairs(self.store, test)
 
     def ab_log_tail(self, ab_id: Any, lines: int = 40) -> str:
         try:
@@ -1376,6 +1364,23 @@ class Workbench:
             if play.mode == "policy" and turn.get("experience") and not play.experience:
                 play.experience = turn["experience"]
             return views.live_episode_html(play.turns, play.experience, play.note), _episode_status(play), play.done
+
+
+def ab_pairs(store: ExperienceStore, test: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """(an A/B test's episodes, oldest first, each with its "arm"; McNemar's paired test, or None before both arms
+    have played). The evaluator plays arm A's episodes, then arm B's, one per seed each, and stores each arm's at
+    once: the first len(seeds) episodes of the test are A's. Pairs are matched by seed. (The workbench and
+    `comprl eval --ab-test` both report it.)"""
+    n = len(test["config"].get("seeds", []))
+    eps = sorted(store.list_trajectories(ab_test_id=test["id"], limit=2 * n + 10), key=lambda t: t["id"])
+    for i, t in enumerate(eps):
+        t["arm"] = "A" if i < n else "B"
+    if not n or len(eps) < 2 * n:
+        return eps, None
+    by_arm = {arm: {t["seed"]: t["success"] for t in eps if t["arm"] == arm} for arm in ("A", "B")}
+    counts = paired_outcomes(by_arm["A"], by_arm["B"])
+    p, method = mcnemar_test(counts["a_only"], counts["b_only"])
+    return eps, {**counts, "p_value": p, "method": method}
 
 
 def _episode_status(play: _Play) -> str:

@@ -510,7 +510,7 @@ def diff_html(diff: str, empty: str = "(no difference)") -> str:
                "del" if ln.startswith("-") and not ln.startswith("---") else
                "hunk" if ln.startswith("@@") else "ctx")
         lines.append(f"<span class='d-{cls}'>{html.escape(ln) or '&nbsp;'}</span>")
-    return "<pre class='comprl-diff'>" + "\n".join(lines) + "</pre>"
+    return "<pre class='comprl-diff'>" + "".join(lines) + "</pre>"  # each line a block: no newline between them
 
 
 def clusters_table(clusters: Sequence[Sequence[int]], entries: dict[int, Experience]) -> pd.DataFrame:

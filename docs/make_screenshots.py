@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -152,6 +153,7 @@ def shoot_build(url: str, out: Path, data: Path) -> None:
             browser, page = _open(pw, url)
             expect(page.locator("#build-progress-runs")).to_contain_text("left", timeout=60_000)
             expect(page.locator("#runs-table")).to_contain_text("building models", timeout=60_000)
+            expect(page.locator("#run-log textarea")).to_have_value(re.compile(r"\S"), timeout=60_000)
             page.screenshot(path=str(out / "build-progress.png"), full_page=False)
             page.get_by_role("tab", name="Live curves").click()
             expect(page.locator("#build-progress-curves")).to_contain_text("model build", timeout=60_000)
@@ -214,6 +216,8 @@ def shoot(url: str, out: Path, info: dict) -> None:
         page.locator("#diff-btn").click()
         expect(page.locator("#diff-view .d-add")).to_be_visible(timeout=60_000)
         page.locator("#entry-history").scroll_into_view_if_needed()
+        page.mouse.wheel(0, 250)  # the history and the whole diff below it
+        page.wait_for_timeout(300)
         page.screenshot(path=str(out / "library-history-diff.png"))
         page.get_by_role("button", name="Merge entries").click()
         page.locator("#dup-find").click()
@@ -309,9 +313,9 @@ def main() -> None:
         info = seed(data, args.steps)
         app, url = serve(data)
         try:
-            if not args.no_build and trainer_available():
-                shoot_build(url, Path(args.out), data)
             shoot(url, Path(args.out), info)
+            if not args.no_build and trainer_available():  # last: its run would be the one the curves show
+                shoot_build(url, Path(args.out), data)
         finally:
             app.terminate()
             app.wait(timeout=30)
