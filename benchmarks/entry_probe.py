@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--env", default="minihack/Room-Ultimate-5x5", help="a minihack/* or alfworld/* env (the warm start's teacher writes the entries)")
     ap.add_argument("--episodes", type=int, default=64, help="held-out seeds per condition")
     ap.add_argument("--modes", default="greedy,sampled", help="comma-separated: greedy, sampled (temperature 1)")
-    ap.add_argument("--max-turns", type=int, default=16, help="an episode still running after this many actions is a failure")
+    ap.add_argument("--max-turns", type=int, default=8, help="an episode still running after this many actions is a failure")
     ap.add_argument("--seed", type=int, default=7, help="sampling seed (the same for every policy)")
     ap.add_argument("--out", default="entry_probe")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)

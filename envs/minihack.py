@@ -147,12 +147,12 @@ def heading_word(dr: int, dc: int) -> str:
 
 
 def first_heading(dr: int, dc: int) -> str:
-    """The first move of a shortest walk to a map offset along its longer axis: 'south' for (3, 1),
-    'southeast' for (2, 2). Walking it until the target is in view never wastes a step in an open room."""
-    if abs(dr) > abs(dc):
-        return heading_word(dr, 0)
-    if abs(dc) > abs(dr):
-        return heading_word(0, dc)
+    """The one heading that, walked until the target is next to you (a dark room shows only adjacent squares),
+    brings it into view: along the longer axis when the other is at most 1 ('south' for (3, 1)), else the
+    diagonal ('southeast' for (3, 2) and (2, 2); walking a diagonal cuts both distances until they differ
+    by at most 1). A reader of a lesson needs only to repeat one word until the observation names the step."""
+    if min(abs(dr), abs(dc)) <= 1 and abs(dr) != abs(dc):
+        return heading_word(dr, 0) if abs(dr) > abs(dc) else heading_word(0, dc)
     return heading_word(dr, dc)
 
 

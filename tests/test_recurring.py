@@ -66,6 +66,16 @@ def test_debrief_states_the_offset_the_checker_reads():
     from envs.minihack import claimed_offset, first_heading, make_minihack
 
     assert [first_heading(*o) for o in [(3, 1), (2, 2), (-1, -3), (0, 0)]] == ["south", "southeast", "west", ""]
+    # Longer axis when the other is at most 1, else the diagonal: walking that one word brings every offset of a
+    # 5x5 room next to the walker (in view in the dark), e.g. (3, -4) by southwest, not west (it would end 3 away).
+    assert [first_heading(*o) for o in [(3, -4), (4, 2), (-2, 3), (1, 4)]] == ["southwest", "southeast", "northeast", "east"]
+    for dr in range(-4, 5):
+        for dc in range(-4, 5):
+            if (dr, dc) == (0, 0):
+                continue
+            step = {"north": (-1, 0), "south": (1, 0), "east": (0, 1), "west": (0, -1), "northeast": (-1, 1),
+                    "northwest": (-1, -1), "southeast": (1, 1), "southwest": (1, -1)}[first_heading(dr, dc)]
+            assert any(max(abs(dr - k * step[0]), abs(dc - k * step[1])) <= 1 for k in range(5)), (dr, dc)
     env = make_minihack("Room-Ultimate-5x5", max_turns=60)
     try:
         for seed in range(6):

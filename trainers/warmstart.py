@@ -60,8 +60,16 @@ __all__ = [
 
 MARKER = "warmstart.json"
 # Bump when the pipeline changes in a way that should rebuild existing folders. 4: the tokenizer splits
-# as the loaded one does; ALFWorld keeps its first observation in the prompt (env.keep_intro).
-FORMAT_VERSION = 4
+# as the loaded one does; ALFWorld keeps its first observation in the prompt (env.keep_intro). 5: the policy's
+# reply starts with a space (ACTION_LEAD); the dark room's teacher reads its entry's heading.
+FORMAT_VERSION = 5
+# The policy's demonstrated reply is " south", not "south": the byte-level tokenizer makes "south" at the start of a
+# reply a different token from the " south" that the prompt holds ("head south.", "a step south brings you closer").
+# With the models' tied embeddings, copying a token the prompt holds is close to an identity map, while "south" for
+# " south" is a mapping to learn as well: on the dark room's readable turns, 100 short-prompt SFT steps reached a
+# held-out accuracy of 0.96 (entry's heading) and 0.66 (observation's) with the space, 0.13 and 0.11 without
+# (docs/results.md, twelfth round). parse_action strips it, so the env sees "south".
+ACTION_LEAD = " "
 IGNORE = -100  # label of a token that carries no loss
 
 # Words a confused agent types: invalid in every MiniHack task, so the noisy expert's states teach recovery.
@@ -85,7 +93,7 @@ class WarmStartConfig:
     # Demonstrations name a task instance ("Dungeon 1017: ..."), as runs with env.task_set show it. Their ids start
     # at 1000, so a demonstrated level is never one of a run's tasks (ids 0..task_set-1 and the unseen ones after).
     task_ids: bool = True
-    max_turns: int = 16  # turn limit of demonstrations and evaluation episodes (0 = the env's own); match env.max_turns
+    max_turns: int = 8  # turn limit of demonstrations and evaluation episodes (0 = the env's own); match env.max_turns
     demo_episodes: int = 3000  # scripted-expert episodes per env (with 300 the policy memorised maps instead of reading the heading)
     share_no_entry: float = 0.40  # share of demonstrations without an experience entry
     share_correct_entry: float = 0.45  # share with a correct entry the expert follows (the rest: a wrong entry, ignored)
@@ -94,7 +102,7 @@ class WarmStartConfig:
     dagger_episodes: int = 24  # per env: episodes of the partly trained policy whose states the expert relabels
     dagger_at: float = 0.55  # fraction of the policy's SFT steps after which the DAgger episodes are collected
     dagger_temperature: float = 1.0  # sampling temperature of the DAgger rollouts
-    dagger_max_turns: int = 16  # a DAgger episode stops after this many turns (later states of a lost episode repeat)
+    dagger_max_turns: int = 8  # a DAgger episode stops after this many turns (later states of a lost episode repeat)
     vocab_size: int = 2048  # byte-level BPE vocabulary size (both models share the tokenizer)
     policy_hidden: int = 128  # policy hidden size
     policy_layers: int = 4  # policy transformer layers
@@ -118,7 +126,7 @@ class WarmStartConfig:
     # policy trained on full prompts never learned to copy the task's object into "take"/"move" (1,400
     # steps: 0 of 24 held-out takes right); the same model copies after ~150 steps of short prompts, and
     # the skill carries over to full prompts within ~50 (a synthetic check: benchmarks/results/copy_probe.md).
-    short_prompt_steps: int = 600
+    short_prompt_steps: int = 200  # with ACTION_LEAD the readable turns are learnt in ~100 (twelfth round)
     extractor_steps: int = 800  # extractor SFT optimiser steps (~0.5 s each here)
     # Extractor SFT steps before the main ones on extraction prompts whose trajectory is only the final observation:
     # the debrief sentence to repeat sits close to the answer (the first 800-step build copied no offset right: 0/19).
@@ -136,7 +144,10 @@ class WarmStartConfig:
     warmup_steps: int = 15  # linear warm-up steps
     weight_decay: float = 0.01  # AdamW weight decay
     max_seq_len: int = 1280  # longer SFT sequences are dropped (and counted), never cut
-    history_turns: int = 2  # actor prompt: at most this many earlier (observation, action) pairs (must match the rollout)
+    # Actor prompt: at most this many earlier (observation, action) pairs (must match the run's rollout.history_turns).
+    # None on the dark room: its reader needs the task, the observation and the entry, and each history item (a whole
+    # observation, ~150 tokens) made a step of SFT and of the run's rollouts and learner ~2x longer.
+    history_turns: int = 0
     history_chars: int = 1200  # actor prompt: character budget of the history (must match the rollout)
     allow_tool: bool = False  # actor prompt: the system text that offers search-and-ask (must match the rollout)
     trajectory_chars: int = 1500  # extractor prompt: trajectory_text max_chars (must match the extractor consumer)
@@ -260,32 +271,16 @@ def _stairs_lesson(dr: int, dc: int) -> str:
     return f"Once it is in view, go straight to it. {s[0].upper()}{s[1:]}."
 
 
-def _minihack_hinted(env: Any, target: tuple[int, int], heading: str = "") -> str | None:
-    """A step toward where an entry says the staircase is, until it is seen: the entry's `heading` while
-    that brings the target closer, else the move that does (around walls, traps and monsters). None when
-    no move brings it closer (the entry was wrong, or the target is reached without a staircase)."""
-    from envs.experts import expert_action
+def _named_step(env: Any) -> str:
+    """The step the observation names once the staircase is on the map ("a step south brings you closer"),
+    '' before: the move toward it, read off the prompt."""
+    from envs.minihack import heading_word
 
-    if any(">" in line for line in env.grid) or "cannot escape" in env.message.lower():
-        return expert_action(env)
-    r, c = env.agent_pos
-    if (r, c) == target:
-        return None
-    dist = max(abs(target[0] - r), abs(target[1] - c))
-    best, best_d = None, dist
-    words = sorted(_DELTAS, key=lambda w: w != heading)  # the entry's heading first: what a reader of it does
-    for word in words:
-        dr, dc = _DELTAS[word]
-        cell = (r + dr, c + dc)
-        ch = env.grid[cell[0]][cell[1]] if 0 <= cell[0] < len(env.grid) and 0 <= cell[1] < len(env.grid[0]) else "|"
-        if cell in env.blocked or cell in env.traps or cell in env.monsters or ch in "|-+`":
-            continue
-        if (dr and dc) and ((r, c) in env.open_doors or cell in env.open_doors):
-            continue
-        d = max(abs(target[0] - cell[0]), abs(target[1] - cell[1]))
-        if d < best_d:
-            best, best_d = word, d
-    return best
+    for r, line in enumerate(env.grid):
+        c = line.find(">")
+        if c >= 0:
+            return heading_word(r - env.agent_pos[0], c - env.agent_pos[1])
+    return ""
 
 
 # ---------------------------------------------------------------------------- ALFWorld
@@ -362,6 +357,7 @@ class _Teacher:
         self.target: tuple[int, int] | None = None
         self.heading = ""
         self.following = False  # walking where the entry points (MiniHack)
+        self._last_pos: tuple[int, int] | None = None  # where the agent stood when it last took the entry's heading
         self._levels = EntryChecker() if self.minihack else None  # learns each level with a long turn budget
 
     def start(self, seed: int, condition: str, rng: random.Random) -> tuple[str, str, dict[str, Any]]:
@@ -375,7 +371,7 @@ class _Teacher:
             self.facts = self._levels.level(self.env.name, env_seed)
             obs, _ = self.env.reset(seed=env_seed)
             entry = ""
-            self.target, self.heading, self.following = None, "", False
+            self.target, self.heading, self.following, self._last_pos = None, "", False, None
             if condition != "none" and self.facts["offset"] is not None:
                 entry = _minihack_entry(self.task, self.facts, wrong=condition == "wrong", rng=rng)
                 claim = _claimed(entry)
@@ -395,12 +391,23 @@ class _Teacher:
         if self.minihack:
             from envs.experts import expert_action
 
+            env = self.env
+            if "cannot escape" in env.message.lower():
+                return expert_action(env)
+            seen = _named_step(env)
+            if seen:  # the observation names the step ("a step south brings you closer"): take it
+                return seen
             if self.following:
-                move = _minihack_hinted(self.env, self.target, self.heading)
-                if move is not None:
-                    return move
-                self.following = False  # the entry led nowhere (or it was followed to its end): explore
-            return expert_action(self.env)
+                # A reader of the entry: its heading, every turn until the staircase is in view. A bump (the last
+                # step left the agent where it was and no monster stands in the way: a wall) ends the reading;
+                # then it explores.
+                dr, dc = _DELTAS[self.heading]
+                ahead = (env.agent_pos[0] + dr, env.agent_pos[1] + dc)
+                if self._last_pos != env.agent_pos or ahead in env.monsters:
+                    self._last_pos = env.agent_pos
+                    return self.heading
+            self.following = False
+            return expert_action(env)
         return _alfworld_action(self.env, informed=condition == "correct")
 
     def random_action(self, rng: random.Random) -> str:
@@ -534,7 +541,7 @@ def policy_examples(demos: Sequence[Demo], tokenizer: Any, cfg: WarmStartConfig,
             if short and not _copyable(d, t):
                 continue
             msgs = _short_prompt(d, t) if short else _actor_prompt(cfg, d, t)
-            ex = _join(tokenizer, _chat_ids(tokenizer, msgs), t.label, f"policy/{'short/' if short else ''}{d.source}/{d.condition}")
+            ex = _join(tokenizer, _chat_ids(tokenizer, msgs), ACTION_LEAD + t.label, f"policy/{'short/' if short else ''}{d.source}/{d.condition}")
             if len(ex.input_ids) > cfg.max_seq_len:
                 dropped += 1
                 continue
@@ -788,7 +795,7 @@ def action_token_budget(tokenizer: Any, demos: Sequence[Demo], cfg: WarmStartCon
     """Tokens to generate per actor turn: `cfg.action_max_new_tokens`, or the longest demonstrated
     action plus its end token if that is longer."""
     labels = {t.label for d in demos for t in d.turns}
-    longest = max((len(tokenizer(a, add_special_tokens=False)["input_ids"]) for a in labels), default=0)
+    longest = max((len(tokenizer(ACTION_LEAD + a, add_special_tokens=False)["input_ids"]) for a in labels), default=0)
     return max(cfg.action_max_new_tokens, longest + 1)
 
 
