@@ -87,6 +87,7 @@ PANELS: tuple[Panel, ...] = (
 # Every key the curves read from the store: the plotted ones, their intervals, and the sources of the gaps.
 CURVE_KEYS: tuple[str, ...] = tuple(dict.fromkeys(
     [k for p in PANELS for c in p.keys for k in ((c.key,) if c.gap is None else ()) + (c.ci or ()) + (c.gap or ())]))
+MARKER_SYMBOLS = {"solid": "circle", "dash": "square-open", "dot": "triangle-up", "dashdot": "diamond-open"}  # keys of a panel
 SPARSE_POINTS = 20  # a series with at most this many points is drawn with markers (one point is no line at all)
 RUN_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22")
 MAX_RAW_POINTS = 1200  # per raw trace after downsampling (min/max pairs keep the spikes)
@@ -207,7 +208,7 @@ def curve_figure(panel: Panel, series: Sequence[SeriesView], *, run_names: dict[
             tr: dict[str, Any] = {"type": "scatter", "mode": "lines+markers" if len(s.x) > 1 else "markers",
                                   "x": _xs(s.x, x_axis), "y": _ys(s.y), "name": name, "yaxis": yaxis, "legendgroup": name,
                                   "line": {"color": color, "width": 2, "dash": ck.dash},
-                                  "marker": {"color": color, "size": 7}}
+                                  "marker": {"color": color, "size": 8, "symbol": MARKER_SYMBOLS.get(ck.dash, "circle")}}
             if s.lo is not None and s.hi is not None and np.isfinite(s.lo).any():
                 tr["error_y"] = {"type": "data", "symmetric": False, "array": np.nan_to_num(s.hi - s.y),
                                  "arrayminus": np.nan_to_num(s.y - s.lo), "color": _hex_rgba(color, 0.6), "thickness": 1.5,
