@@ -306,3 +306,36 @@ def test_random_sigkills_every_resume_finishes_nothing_lost_nothing_doubled(tmp_
     assert duplicated == 0 and not lost and temp == []
     assert per_step == {s: 4 for s in range(1, steps + 1)}  # tasks_per_step 1 x group_size 4, each stored once
     assert {s for k, s in points if k == "policy/success_without_exp"} == set(range(1, steps + 1))
+
+
+def test_sigterm_stops_after_the_step_and_a_second_one_at_once(tmp_path, models):
+    """SIGTERM is honoured in every phase: the first ends the run after the step in flight, with a checkpoint; a second
+    (a step can take minutes on a CPU) ends it at once. Either way the row says stopped, never running."""
+    data = tmp_path / "data"
+    cfg = write_config(tmp_path / "c.yaml", models, variant="grpo", steps=200)
+    p = comprl("train", str(cfg), data=data, start_new_session=True)
+    store = None
+    try:
+        deadline = time.time() + 600
+        while time.time() < deadline:  # the condition: the loop is running (a first step logged)
+            time.sleep(0.5)
+            db = data / "workbench.db"
+            if db.exists():
+                store = store or ExperienceStore(f"sqlite:///{db}")
+                runs = store.list_runs()
+                if runs and runs[0]["step"] >= 1:
+                    break
+            assert p.poll() is None, p.stdout.read()
+        else:
+            pytest.fail("the run never logged a step")
+        p.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        p.send_signal(signal.SIGTERM)
+        out, _ = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 128 + signal.SIGTERM, out
+    assert "send the signal again" in out
+    run = store.list_runs()[0]
+    assert run["status"] == "stopped" and "second signal" in run["error"] and run["pid"] is None

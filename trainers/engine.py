@@ -118,11 +118,23 @@ class RunContext:
 
         def on_signal(signum, _frame):  # noqa: ANN001
             # A graceful stop: finish the phase in flight, write a checkpoint, exit. A model build or a wait for
-            # another process's build (core/build_progress.py) ends at its next step.
-            self.stop_flag.set()
+            # another process's build (core/build_progress.py) ends at its next step. A CPU step can take minutes,
+            # so a second signal stops at once: the row says stopped, the last complete checkpoint is kept.
             from core.build_progress import request_stop
 
+            if self.stop_flag.is_set():
+                import multiprocessing
+
+                try:
+                    self.finish("stopped", "stopped at once by a second signal; resumes from the last checkpoint")
+                finally:
+                    for child in multiprocessing.active_children():  # the env pool's workers go with us
+                        child.kill()
+                    os._exit(128 + signum)
+            self.stop_flag.set()
             request_stop()
+            print(f"run {self.run_id}: stopping after the step in flight (a checkpoint is written); send the signal "
+                  "again (Ctrl-C) to stop at once", file=sys.stderr, flush=True)
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
