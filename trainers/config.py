@@ -135,8 +135,9 @@ class RolloutSection:
     # compact: the tiny embedded models' one-message prompt (what they were warm-started on); chat: for a pretrained
     # chat model (rules, admissible actions, an example exchange, the episode as a multi-turn conversation; trainers/prompts.py)
     prompt_style: str = "compact"
-    # keep each episode's KV cache across its turns (hf back end): a turn prefills only what the last prompt lacked.
-    # Pays with prompt_style chat, whose prompts extend turn to turn; the compact prompt's sliding history does not.
+    # keep each episode's KV cache across its turns (hf back end, prompt_style chat, whose prompts extend turn to turn):
+    # a turn prefills only what the last prompt lacked. Not used with compact prompts (they share only the system text
+    # and task, already run once per batch; benchmarks/results/bench_training_sessions_tiny.md).
     reuse_cache: bool = True
 
     def __post_init__(self) -> None:
