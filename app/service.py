@@ -817,6 +817,11 @@ class Workbench:
         path.write_text(views.curves_csv(rows))
         return str(path), _ok(f"exported {len(rows):,} points of {len(keys)} series to {path.name}")
 
+    def live_run_id(self) -> int | None:
+        """The newest run that is not over (what the Runs tab shows while no run is chosen), else None."""
+        return next((r["id"] for r in self.store.list_runs() if r["status"] in ("created", "starting", "running", "paused")),
+                    None)
+
     def default_curve_runs(self) -> list[int]:
         """What Live curves shows on a fresh page: the runs that are running (a new user's first run), else the
         newest run."""

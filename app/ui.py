@@ -332,10 +332,11 @@ def build(wb: Workbench) -> gr.Blocks:
         # Runs
         table_timer.tick(lambda: (wb.runs_table(), wb.overview_md()), outputs=[runs_df, header], show_progress=hidden)
         table_timer.tick(lambda: (wb.build_html(),) * 2, outputs=[build_runs, build_curves], show_progress=hidden)
-        table_timer.tick(lambda rid: wb.run_details(rid) if rid else gr.skip(), inputs=run_id, outputs=run_details,
-                         show_progress=hidden)
-        table_timer.tick(lambda rid: wb.log_tail(rid) if rid else gr.skip(), inputs=run_id, outputs=run_log,
-                         show_progress=hidden)
+        table_timer.tick(lambda rid: wb.run_details(rid or wb.live_run_id()) if rid or wb.live_run_id() else gr.skip(),
+                         inputs=run_id, outputs=run_details, show_progress=hidden)
+        # With no run chosen, the log and details of the running run (a new user's first run) are shown.
+        table_timer.tick(lambda rid: wb.log_tail(rid) if rid else (wb.log_tail(live) if (live := wb.live_run_id()) else gr.skip()),
+                         inputs=run_id, outputs=run_log, show_progress=hidden)
         table_timer.tick(lambda: wb.launch_log_tail(), outputs=launch_log, show_progress=hidden)
         runs_df.select(_row_first_cell, outputs=run_id).then(lambda rid: (wb.log_tail(rid), wb.run_details(rid)), inputs=run_id,
                                                               outputs=[run_log, run_details])
@@ -460,12 +461,9 @@ def build(wb: Workbench) -> gr.Blocks:
             choices = wb.run_choices()
             table, info = wb.library_page(*page_args)
             facets = wb.library_facets()
-            live = [r["id"] for r in wb.store.list_runs() if r["status"] in ("created", "starting", "running", "paused")]
-            chosen = str(live[0]) if live else gr.skip()  # a new user's first run: its log and details at once
             return (gr.update(choices=choices, value=wb.default_curve_runs()), [list(c) for c in choices], table, info,
-                    gr.update(choices=[""] + facets["env"]), wb.build_html(), wb.build_html(), wb.runs_table(), wb.overview_md(),
-                    chosen)
+                    gr.update(choices=[""] + facets["env"]), wb.build_html(), wb.build_html(), wb.runs_table(), wb.overview_md())
 
         demo.load(first_paint, inputs=page_inputs, outputs=[curve_runs, curve_choices, lib_df, page_md, f_env, build_runs,
-                                                             build_curves, runs_df, header, run_id])
+                                                             build_curves, runs_df, header])
     return demo

@@ -441,8 +441,7 @@ def test_id_boxes_start_empty_and_replay_lists_every_episode(app, page, request)
                                  "success": bool(i % 2), "reward": 1.0, "num_actions": 3, "with_experience": False,
                                  "steps": [{"observation": f"obs {j}", "action": "east", "reward": 0.0} for j in range(3)]}
                                 for i in range(3)])
-    # (run-id is filled with a running run's id on a fresh page, when there is one)
-    for name, box in (("Library", "entry-id"), ("A/B tests", "ab-id")):
+    for name, box in (("Runs", "run-id"), ("Library", "entry-id"), ("A/B tests", "ab-id")):
         tab(page, name)
         expect(page.locator(f"#{box} input, #{box} textarea").first).to_have_value("", timeout=UI_S)
     tab(page, "Agent demo")
