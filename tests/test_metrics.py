@@ -58,3 +58,16 @@ def test_two_proportion_degenerate():
     assert two_proportion_test(0, 0, 3, 5) == (0.0, 1.0)
     # equal rates: z = 0, p = 1
     assert two_proportion_test(3, 6, 5, 10)[1] == pytest.approx(1.0)
+
+
+def test_mcnemar_exact_for_few_discordant_pairs_and_chi_square_above():
+    from core.metrics import mcnemar_test, paired_outcomes
+
+    assert mcnemar_test(0, 0) == (1.0, "exact")  # nothing tells the arms apart
+    p, how = mcnemar_test(6, 1)
+    assert how == "exact" and abs(p - 2 * 8 / 128) < 1e-12  # 2·P[Bin(7, 1/2) <= 1]
+    assert mcnemar_test(0, 5)[0] == 0.0625 and mcnemar_test(3, 3)[0] == 1.0
+    p, how = mcnemar_test(10, 30)  # (|10-30| - 1)^2 / 40 = 9.025 -> p = 0.00266
+    assert how.startswith("chi-square") and abs(p - 0.0026631) < 1e-6
+    counts = paired_outcomes({1: True, 2: True, 3: False, 4: False, 9: True}, {1: True, 2: False, 3: True, 4: False})
+    assert counts == {"pairs": 4, "both": 1, "a_only": 1, "b_only": 1, "neither": 1}
