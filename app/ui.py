@@ -266,7 +266,7 @@ def build(wb: Workbench) -> gr.Blocks:
                     ab_task_ids = gr.Checkbox(label="recurring task ids (Dungeon N, as the default run names them); off: env seeds",
                                               value=True, elem_id="ab-task-ids")
                     ab_ckpt = gr.Textbox(label="policy checkpoint folder (empty: default policy)", elem_id="ab-ckpt")
-                    ab_turns = gr.Number(label="max turns (empty: env's)", precision=0, elem_id="ab-turns")
+                    ab_turns = gr.Number(label="max turns (0: the env's)", precision=0, elem_id="ab-turns")
                 with gr.Row():
                     with gr.Column():
                         a_kind = gr.Radio(list(ARM_KINDS), value="current", label="arm A library", elem_id="ab-a-kind")
