@@ -1210,7 +1210,9 @@ class Workbench:
 
     def ab_tests_table(self) -> pd.DataFrame:
         self.reap_processes()
-        return views.ab_tests_table(self.store.list_ab_tests())
+        tests = self.store.list_ab_tests()
+        paired = {t["id"]: ab_pairs(self.store, t)[1] for t in tests[:50] if t["status"] == "done"}
+        return views.ab_tests_table(tests, {i: p["p_value"] for i, p in paired.items() if p is not None})
 
     def ab_choices(self) -> list[tuple[str, int]]:
         return [(f"#{t['id']} {t['name']} ({t['status']})", t["id"]) for t in self.store.list_ab_tests()]

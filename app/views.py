@@ -536,7 +536,9 @@ def arm_label(arm: dict[str, Any]) -> str:
     return {"current": "current library", "none": "no experience"}.get(kind, kind)
 
 
-def ab_tests_table(tests: Sequence[dict[str, Any]]) -> pd.DataFrame:
+def ab_tests_table(tests: Sequence[dict[str, Any]], paired_p: dict[int, float] | None = None) -> pd.DataFrame:
+    """One row per test; the p-value is the paired test's (McNemar's) where the episodes pair up, else marked unpaired."""
+    paired_p = paired_p or {}
     rows = []
     for t in tests:
         c, r = t["config"], t["results"] or {}
@@ -544,7 +546,8 @@ def ab_tests_table(tests: Sequence[dict[str, Any]]) -> pd.DataFrame:
         rows.append([t["id"], t["name"], t["status"], f"{100 * t['progress']:.0f}%", c.get("env", ""),
                      arm_label(c.get("arms", {}).get("A", {})), arm_label(c.get("arms", {}).get("B", {})),
                      fmt_rate(arms.get("A", {}).get("rate")), fmt_rate(arms.get("B", {}).get("rate")),
-                     f"{r['p_value']:.3g}" if "p_value" in r else "", fmt_time(t["created_at"])])
+                     f"{paired_p[t['id']]:.3g}" if t["id"] in paired_p else
+                     f"{r['p_value']:.3g} (unpaired)" if "p_value" in r else "", fmt_time(t["created_at"])])
     return pd.DataFrame(rows, columns=["id", "name", "status", "progress", "env", "arm A", "arm B", "rate A", "rate B",
                                        "p-value", "created"])
 

@@ -547,6 +547,7 @@ def test_ab_details_pair_the_arms_by_seed_with_mcnemars_test(wb):
     assert "McNemar's, exact, p-value **0.125**" in summary  # 2 * P[Bin(7, 1/2) <= 1] = 2 * 8/128
     assert "**6** solved by A only, **1** by B only" in summary and "both solved 2, neither 3" in summary
     assert list(eps["arm"]) == ["A"] * 12 + ["B"] * 12
+    assert wb.ab_tests_table().iloc[0]["p-value"] == "0.125"  # the list shows the paired test's p-value too
 
 
 # -- agent demo -----------------------------------------------------------------------------------------

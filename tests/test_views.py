@@ -229,7 +229,8 @@ def test_ab_tables_and_summary():
                        "arms": {"A": {"kind": "current"}, "B": {"kind": "minus", "ids": [3, 4]}}}, "results": results}
     md = views.ab_summary_md(test)
     assert "+0.250" in md and "0.102" in md and "current − #3, #4" in md
-    assert views.ab_tests_table([test]).iloc[0]["p-value"] == "0.102"
+    assert views.ab_tests_table([test]).iloc[0]["p-value"] == "0.102 (unpaired)"
+    assert views.ab_tests_table([test], {test["id"]: 0.125}).iloc[0]["p-value"] == "0.125"
     assert "100%" in views.progress_bar_html(1.0, "done")
 
 
