@@ -192,3 +192,15 @@ def test_an_ab_test_may_name_its_actor_back_end_and_prompts():
     assert "needs base_url" in validate_ab_config({**base, "actor": {"backend": "openai", "path": "/m"}})
     assert "prompt_style" in validate_ab_config({**base, "actor": {"prompt_style": "fancy"}})
     assert "mapping" in validate_ab_config({**base, "actor": "openai"})
+
+
+def test_the_roller_keeps_episode_caches_only_for_the_chat_prompts(tiny):
+    from trainers.config import RolloutSection
+    from trainers.rollout import Roller
+
+    def roller(**kw):
+        return Roller(tiny, None, None, rollout_cfg=RolloutSection(**kw), actor_cfg=None)
+
+    assert roller(prompt_style="chat")._sessions()
+    assert not roller(prompt_style="chat", reuse_cache=False)._sessions()
+    assert not roller(prompt_style="compact")._sessions()  # the tiny default: measured slower with them
