@@ -165,3 +165,46 @@ def test_evaluation_episodes_through_the_server(server, smollm2_dir):
             [[s.action for s in e.traj.steps] for e in results["hf"].episodes][0][0]
     finally:
         pool.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["static", "exp_only"])
+def test_a_run_with_a_frozen_role_on_the_server(server, smollm2_dir, tmp_path, variant):
+    """`comprl train` with the frozen role served by llama.cpp: static's extractor (distillation on the server) or
+    exp_only's actor (rollouts on the server, chat prompts); the other role is a tiny local model."""
+    import os
+    import subprocess
+
+    from core.store import ExperienceStore
+    from trainers import prompts as P
+    from trainers.models import build_tiny_qwen2, build_tokenizer, save_model_folder
+
+    tok = build_tokenizer([P.ACTOR_SYSTEM, P.ACTOR_USER, P.EXTRACTOR_USER, "north east south west"] * 30, vocab_size=400)
+    save_model_folder(build_tiny_qwen2(tok, hidden=32, layers=1, heads=2, kv_heads=1, seed=1), tok, tmp_path / "tiny")
+    remote = f"{{path: {smollm2_dir}, backend: openai, base_url: '{server.url}', served_model: smollm2, max_new_tokens: 48, timeout_s: 120}}"
+    local = f"{{path: {tmp_path / 'tiny'}, max_new_tokens: 8}}"
+    actor, extractor = (local, remote) if variant == "static" else (remote.replace("48", "8"), local)
+    style = "chat" if variant == "exp_only" else "compact"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"""
+run: {{name: served-{variant}, variant: {variant}, max_steps: 1, eval_episodes: 0, checkpoint_every: 1, threads: 1, deterministic: true}}
+env: {{names: {{minihack/Room-Random-5x5: 1.0}}, max_turns: 2}}
+actor: {actor}
+rollout: {{tasks_per_step: 1, group_size: 2, with_experience: 1, prompt_style: {style}}}
+extractor: {{model: {extractor}, buffer_size: 2, merge_every: 0}}
+""")
+    p = subprocess.run([sys.executable, "-m", "app.cli", "train", str(cfg), "--data-dir", str(tmp_path / "data")],
+                       cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=900,
+                       env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    store = ExperienceStore(f"sqlite:///{tmp_path / 'data' / 'workbench.db'}")
+    try:
+        run = store.list_runs()[0]
+        assert run["status"] == "finished" and run["step"] == 1
+        m = store.latest_metrics(run["id"])
+        if variant == "exp_only":
+            assert "openai-compatible endpoint" in run["backend"] and m["policy/invalid_action_rate"] <= 0.5, (run["backend"], m)
+        else:
+            assert m["extractor/distilled"] >= 1, m  # the server wrote the distillation answers (parsed or not)
+    finally:
+        store.close()
