@@ -208,3 +208,22 @@ extractor: {{model: {extractor}, buffer_size: 2, merge_every: 0}}
             assert m["extractor/distilled"] >= 1, m  # the server wrote the distillation answers (parsed or not)
     finally:
         store.close()
+
+
+def test_the_demo_plays_through_the_server(server, smollm2_dir, tmp_path):
+    """`comprl app --demo-actor '{backend: openai, …, prompt_style: chat}'`: the demo's player on the endpoint."""
+    from app.service import demo_actor_kwargs
+    from trainers.models import OpenAIBackend
+    from trainers.rollout import EpisodePlayer
+
+    kw = demo_actor_kwargs({"backend": "openai", "base_url": server.url, "path": str(smollm2_dir), "served_model": "smollm2",
+                            "prompt_style": "chat"})
+    assert isinstance(kw["actor"], OpenAIBackend) and kw["prompt_style"] == "chat" and kw["checkpoint"] == str(smollm2_dir)
+    player = EpisodePlayer("minihack/Room-Random-5x5", 5, data_dir=str(tmp_path), db_url=f"sqlite:///{tmp_path / 'w.db'}",
+                           use_library=False, max_new_tokens=8, **kw)
+    try:
+        player.reset()
+        turns = [player.step() for _ in range(2)]
+        assert all(t["action"] in player.env.admissible_actions for t in turns), turns
+    finally:
+        player.close()
