@@ -6,10 +6,11 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from trainers import prompts as P
 from trainers import warmstart as W
-from trainers.models import build_tokenizer, load_backend
+from trainers.models import build_tiny_qwen2, build_tokenizer, load_backend
 
 DELTAS = {"north": (-1, 0), "east": (0, 1), "south": (1, 0), "west": (0, -1),
           "northeast": (-1, 1), "southeast": (1, 1), "southwest": (1, -1), "northwest": (-1, -1)}
@@ -20,7 +21,8 @@ def tiny(**kw) -> W.WarmStartConfig:
                 extractor_steps=2, batch_size=2, extractor_batch_size=2, vocab_size=400, policy_hidden=32,
                 policy_layers=1, policy_heads=2, policy_kv_heads=1, extractor_hidden=32, extractor_layers=1,
                 extractor_heads=2, extractor_kv_heads=1, max_positions=2048, max_seq_len=2000, eval_episodes=1,
-                eval_extractor=2, extractor_max_new_tokens=8, action_max_new_tokens=3, warmup_steps=1)
+                eval_extractor=2, extractor_max_new_tokens=8, action_max_new_tokens=3, warmup_steps=1,
+                extractor_copy_steps=3)
     base.update(kw)
     return W.WarmStartConfig(**base)
 
@@ -420,3 +422,32 @@ def test_prompt_loss_weight_trains_the_prompt_and_reports_the_action_loss():
     assert a1 < 0.7 * b1  # the prompt was learned with the weight (measured 5.68 -> 3.29 nats)...
     assert a1 < a0 - 1.0  # ...and far less without it (5.68 -> 5.07)
     assert l0[-1] < 0.5 * l0[0] and l1[-1] < 0.5 * l1[0]  # the action is learned either way
+
+
+def test_copy_pretraining_repeats_a_span_after_gaps_of_varying_length():
+    """The extractor's synthetic copying (`extractor_copy_steps`): every row is a span, a gap, the same span again,
+    and the gap's length varies (a fixed distance would teach copying by position, not by finding the earlier copy);
+    the model is trained (its weights move) and the losses start near chance."""
+    tok = build_tokenizer(["the staircase down (>) was 2 south and 1 east of your starting square"] * 5, vocab_size=300)
+    model = build_tiny_qwen2(tok, 32, 1, 2, 1, max_pos=512, seed=3)
+    rows: list[list[int]] = []
+    real_forward = model.forward
+
+    def recording(*a, **kw):
+        ids, mask = kw["input_ids"], kw.get("attention_mask")
+        rows.extend(r.tolist() for r in ids)
+        return real_forward(*a, **kw)
+
+    model.forward = recording
+    before = [p.detach().clone() for p in model.parameters()]
+    pool = list(range(10, 60))
+    losses = W._copy_pretrain(model, pool, 6, tiny(), vocab=len(tok), seed=0, span=8, batch_size=8)
+    assert len(losses) == 6 and abs(losses[0] - __import__("math").log(len(tok))) < 1.5
+    gaps = set()
+    for r in rows:
+        head = r[:8]
+        n = next(n for n in range(len(r), 15, -1) if r[n - 8:n] == head)  # the repeat ends the row (then padding)
+        gaps.add(n - 16)
+        assert all(t == 0 for t in r[n:])
+    assert len(gaps) >= 3 and min(gaps) >= 0 and max(gaps) <= 16
+    assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))

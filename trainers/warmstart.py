@@ -62,7 +62,7 @@ MARKER = "warmstart.json"
 # Bump when the pipeline changes in a way that should rebuild existing folders. 4: the tokenizer splits
 # as the loaded one does; ALFWorld keeps its first observation in the prompt (env.keep_intro). 5: the policy's
 # reply starts with a space (ACTION_LEAD); the dark room's teacher reads its entry's heading.
-FORMAT_VERSION = 5
+FORMAT_VERSION = 5  # (and the extractor learns to copy first: extractor_copy_steps)
 # The policy's demonstrated reply is " south", not "south": the byte-level tokenizer makes "south" at the start of a
 # reply a different token from the " south" that the prompt holds ("head south.", "a step south brings you closer").
 # With the models' tied embeddings, copying a token the prompt holds is close to an identity map, while "south" for
@@ -127,10 +127,16 @@ class WarmStartConfig:
     # steps: 0 of 24 held-out takes right); the same model copies after ~150 steps of short prompts, and
     # the skill carries over to full prompts within ~50 (a synthetic check: benchmarks/results/copy_probe.md).
     short_prompt_steps: int = 200  # with ACTION_LEAD the readable turns are learnt in ~100 (twelfth round)
-    extractor_steps: int = 800  # extractor SFT optimiser steps (~0.5 s each here)
+    extractor_steps: int = 500  # extractor SFT optimiser steps (~0.5 s each here)
     # Extractor SFT steps before the main ones on extraction prompts whose trajectory is only the final observation:
     # the debrief sentence to repeat sits close to the answer (the first 800-step build copied no offset right: 0/19).
-    extractor_short_steps: int = 300
+    extractor_short_steps: int = 200
+    # Extractor steps of synthetic copying before any SFT: a span of 32 tokens, then the same span again, with the
+    # loss on the repeat (random tokens, or a span of the extraction prompts). A lesson repeats ~12 tokens of the
+    # debrief; the first two builds' extractors learnt the format but copied the numbers wrong (0/19, 1/24 right).
+    # 200 such steps take the repeat's loss from 7 to 0.007 nats (the model has learnt to copy), and cost ~1/10 of
+    # an SFT step each (twelfth round).
+    extractor_copy_steps: int = 300
     batch_size: int = 16  # sequences per policy SFT step
     extractor_batch_size: int = 4  # sequences per extractor SFT step (its sequences are about twice as long)
     threads: int = 0  # torch CPU threads while building; 0 = the cores left free by the current load (>= 1)
@@ -780,6 +786,53 @@ def _sft(model: Any, examples: Sequence[SFTExample], steps: int, cfg: WarmStartC
     return opt, losses
 
 
+def _copy_pretrain(model: Any, pool: Sequence[int], steps: int, cfg: WarmStartConfig, *, vocab: int, seed: int,
+                   span: int = 24, batch_size: int = 32, tick: Callable[[int], None] | None = None) -> list[float]:
+    """Synthetic copying (`extractor_copy_steps`): each row is a span of `span` tokens, a gap of 0..2*span other
+    tokens, then the same span again, the loss on the repeat (after its first token); half the spans and gaps are
+    random tokens, half are cut from `pool` (the extraction examples' tokens). The gap's length varies, so copying at
+    a fixed distance does not work: the model must find the earlier place that matches what it is writing and
+    continue from there (an induction head), which is what a lesson that repeats the debrief needs. Its own AdamW
+    and warm-up; returns the per-step losses."""
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    losses: list[float] = []
+
+    def piece(n: int) -> list[int]:
+        if rng.random() < 0.5 and len(pool) > n:
+            at = rng.randrange(len(pool) - n)
+            return list(pool[at:at + n])
+        return [rng.randrange(vocab) for _ in range(n)]
+
+    model.train()
+    for s in range(steps):
+        for g in opt.param_groups:
+            g["lr"] = cfg.lr * min(1.0, (s + 1) / max(1, cfg.warmup_steps))
+        rows, targets = [], []
+        for _ in range(batch_size):
+            head, gap = piece(span), piece(rng.randrange(0, 2 * span + 1))
+            rows.append(head + gap + head)
+            targets.append([IGNORE] * (len(head) + len(gap) + 1) + head[1:])
+        width = max(len(r) for r in rows)
+        ids = torch.zeros((len(rows), width), dtype=torch.long)  # (B, T): right-padded; pads carry no loss
+        labels = torch.full((len(rows), width), IGNORE, dtype=torch.long)
+        for i, (r, t) in enumerate(zip(rows, targets)):
+            ids[i, : len(r)] = torch.tensor(r)
+            labels[i, : len(t)] = torch.tensor(t)
+        logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float()  # (B, T-1, V)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
+                                                 ignore_index=IGNORE)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(float(loss.item()))
+        if tick:
+            tick(1)
+    model.eval()
+    return losses
+
+
 # ============================================================================ rollouts (DAgger and evaluation)
 
 @dataclass
@@ -953,7 +1006,7 @@ def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
     threads = cfg.threads or _free_cores()
     load_at_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     n_envs = len(cfg.envs)
-    units = cfg.demo_episodes * n_envs + cfg.short_prompt_steps + cfg.policy_steps + cfg.extractor_short_steps + cfg.extractor_steps + 3
+    units = cfg.demo_episodes * n_envs + cfg.short_prompt_steps + cfg.policy_steps + cfg.extractor_copy_steps + cfg.extractor_short_steps + cfg.extractor_steps + 3
     bar = BuildProgress(tmp.parent, total=units, desc="comprl models init", disable=not progress)  # core/build_progress.py
     timings: dict[str, float] = {}
     old_threads = torch.get_num_threads()
@@ -1031,6 +1084,11 @@ def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
             raise RuntimeError(f"no extractor example fits max_seq_len={cfg.max_seq_len}; raise WarmStartConfig.max_seq_len")
         extractor = build_tiny_qwen2(tokenizer, cfg.extractor_hidden, cfg.extractor_layers, cfg.extractor_heads,
                                      cfg.extractor_kv_heads, max_pos=cfg.max_positions, seed=cfg.seed + 1)
+        copy_losses: list[float] = []
+        if cfg.extractor_copy_steps > 0:
+            stage("extractor copying")
+            copy_losses = _copy_pretrain(extractor, [i for e in ext_ex for i in e.input_ids], cfg.extractor_copy_steps, cfg,
+                                         vocab=len(tokenizer), seed=cfg.seed + 6, tick=bar.update)
         ext_short_losses: list[float] = []
         if cfg.extractor_short_steps > 0:
             stage("extractor SFT (short prompts)")
@@ -1076,6 +1134,8 @@ def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
         "extractor": {"params": _count_params(extractor), "examples": len(ext_ex), "dropped_too_long": ext_dropped,
                       "loss_first": round(sum(ext_losses[:10]) / max(1, len(ext_losses[:10])), 4),
                       "loss_last": round(sum(ext_losses[-10:]) / max(1, len(ext_losses[-10:])), 4),
+                      **({"copying": {"steps": len(copy_losses), "loss_first": round(sum(copy_losses[:10]) / 10, 4),
+                                      "loss_last": round(sum(copy_losses[-10:]) / 10, 4)}} if len(copy_losses) >= 10 else {}),
                       **({"short_prompt": {"steps": len(ext_short_losses), "loss_first": round(sum(ext_short_losses[:10]) / 10, 4),
                                            "loss_last": round(sum(ext_short_losses[-10:]) / 10, 4)}} if len(ext_short_losses) >= 10 else {}),
                       "eval": ext_eval},
