@@ -27,14 +27,15 @@ from benchmarks.common import environment, write_results  # noqa: E402
 SEED_OFFSET = 2_000_000  # held out from every training seed range of the shipped configs
 
 
-def run_cell(actor, env: str, style: str, *, seeds: int, turns: int, batch: int, max_new_tokens: int) -> dict:
+def run_cell(actor, env: str, style: str, *, seeds: int, turns: int, batch: int, max_new_tokens: int,
+             temperature: float = 0.0) -> dict:
     from envs.pool import EnvPool
     from trainers.config import ModelSection, RolloutSection
     from trainers.parsing import _clean, _norm
     from trainers.rollout import EpisodeSpec, Roller
 
     rc = RolloutSection(prompt_style=style, history_turns=4 if style == "chat" else 2, history_chars=3000 if style == "chat" else 1200)
-    ac = ModelSection(temperature=0.0, max_new_tokens=max_new_tokens)
+    ac = ModelSection(temperature=temperature, max_new_tokens=max_new_tokens)
     pool = EnvPool([env] * batch, num_workers=1)  # env names: the pool builds each in its worker
     sent = accepted = exact = 0
     by_turn: dict[int, list[int]] = {}  # turn index -> [valid, sent]
@@ -79,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=16, help="episodes played in lockstep")
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy; 1: as the rollouts sample (seeded)")
     ap.add_argument("--out", default="valid_actions")
     args = ap.parse_args(argv)
     from trainers.models import HFBackend
@@ -90,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         for env in args.env:
             for style in [s.strip() for s in args.styles.split(",") if s.strip()]:
                 r = run_cell(actor, env, style, seeds=args.seeds, turns=args.turns, batch=args.batch,
-                             max_new_tokens=args.max_new_tokens)
+                             max_new_tokens=args.max_new_tokens, temperature=args.temperature)
                 r["model"] = name
                 rows.append(r)
                 print(f"{name} {env} {style}: {r['valid']}/{r['actions']} valid ({r['valid_rate']:.3f}), exact {r['exact_rate']:.3f}, "
@@ -102,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {r['model']} | {r['env']} | {r['style']} | {r['episodes']} | {r['actions']} | {r['valid']} | "
                      f"{r['valid_rate']:.3f} | {turns} | {r['exact_rate']:.3f} | {r['seconds']:.0f} |")
     lines.append("")
-    lines.append(f"Greedy, {args.turns} turns per episode, seeds {SEED_OFFSET}..{SEED_OFFSET + args.seeds - 1}. Valid: the env "
+    lines.append(f"{'Greedy' if args.temperature == 0 else f'Sampled at temperature {args.temperature} (seeded)'}, {args.turns} turns per episode, seeds {SEED_OFFSET}..{SEED_OFFSET + args.seeds - 1}. Valid: the env "
                  "accepted the action. Exact reply: the reply's first line, stripped of quotes, 'Action:' and a final period, "
                  "was the admissible action itself (no words picked out of a longer reply).")
     for r in rows:
