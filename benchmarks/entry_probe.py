@@ -107,7 +107,7 @@ def summarise(demos: list, none_by_seed: dict[int, Any], greedy: bool) -> dict[s
     firsts = [d for d in demos if d.turns]
     row = {"n": n, "successes": wins, "rate": wins / max(1, n), "ci_low": lo, "ci_high": hi,
            "mean_actions": statistics.mean(len(d.turns) for d in demos) if demos else 0.0,
-           # the scripted expert's action for this condition (it follows a correct entry, ignores a wrong one)
+           # the scripted expert's action for this condition (trainers/warmstart.py _Teacher)
            "agreement_with_expert": sum(t.taken == t.label for t in turns) / max(1, len(turns)),
            "invalid_share": sum(d.invalid_actions for d in demos) / max(1, len(turns)),
            "first_move_agreement": sum(d.turns[0].taken == d.turns[0].label for d in firsts) / max(1, len(firsts))}
@@ -196,8 +196,8 @@ def main(argv: list[str] | None = None) -> int:
              f"the default config's dungeons, never demonstrated) of {args.env} per condition, the same in every row; an episode "
              f"still running after {args.max_turns} actions fails. Sampled at temperature 1 with sampling seed {args.seed}. "
              "Invalid: share of actions the env refused. Agreement: share of the policy's actions equal to the "
-             "scripted expert's for that condition in the same state (it follows a correct entry and ignores a wrong "
-             "one); on the expert's states (greedy only): the same share on the states of the expert's own episodes "
+             "scripted expert's for that condition in the same state (on MiniHack it walks an entry's heading, right or "
+             "wrong, until the staircase is in view; on ALFWorld it follows a correct entry and ignores a wrong one); on the expert's states (greedy only): the same share on the states of the expert's own episodes "
              "on these seeds, where the policy's earlier mistakes cannot have led it astray. Greedy only, same as none: share of seeds whose first move, or whole "
              "episode, is the one played without an entry (sampled episodes differ by chance alone).", "",
              "| policy | mode | entry | success | 95% CI | mean actions | invalid | agreement | on the expert's states | first move agrees | first move as none | same episode as none | diff vs none | p |",
