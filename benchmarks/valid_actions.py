@@ -28,9 +28,10 @@ SEED_OFFSET = 2_000_000  # held out from every training seed range of the shippe
 
 
 def run_cell(actor, env: str, style: str, *, seeds: int, turns: int, batch: int, max_new_tokens: int,
-             temperature: float = 0.0) -> dict:
+             temperature: float = 0.0, templates_file: str = "") -> dict:
     from envs.pool import EnvPool
     from trainers.config import ModelSection, RolloutSection
+    from trainers.prompts import load_templates
     from trainers.parsing import _clean, _norm
     from trainers.rollout import EpisodeSpec, Roller
 
@@ -43,7 +44,8 @@ def run_cell(actor, env: str, style: str, *, seeds: int, turns: int, batch: int,
     t0 = time.perf_counter()
     prefill = 0.0
     try:
-        roller = Roller(actor, pool, None, rollout_cfg=rc, actor_cfg=ac, max_turns=turns, seed=0)
+        roller = Roller(actor, pool, None, rollout_cfg=rc, actor_cfg=ac, max_turns=turns, seed=0,
+                        templates=load_templates(templates_file or None))
         for s in range(0, seeds, batch):
             specs = [EpisodeSpec(env, SEED_OFFSET + i, False, -1 - i) for i in range(s, min(seeds, s + batch))]
             eps = roller.collect(specs, step=0, retrieval=False)
@@ -80,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=16, help="episodes played in lockstep")
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--templates", default="", help="a YAML file overriding prompt templates (trainers/prompts.py names)")
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy; 1: as the rollouts sample (seeded)")
     ap.add_argument("--out", default="valid_actions")
     args = ap.parse_args(argv)
@@ -92,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         for env in args.env:
             for style in [s.strip() for s in args.styles.split(",") if s.strip()]:
                 r = run_cell(actor, env, style, seeds=args.seeds, turns=args.turns, batch=args.batch,
-                             max_new_tokens=args.max_new_tokens, temperature=args.temperature)
+                             max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                             templates_file=args.templates)
                 r["model"] = name
                 rows.append(r)
                 print(f"{name} {env} {style}: {r['valid']}/{r['actions']} valid ({r['valid_rate']:.3f}), exact {r['exact_rate']:.3f}, "

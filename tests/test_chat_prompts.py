@@ -204,3 +204,16 @@ def test_the_roller_keeps_episode_caches_only_for_the_chat_prompts(tiny):
     assert roller(prompt_style="chat")._sessions()
     assert not roller(prompt_style="chat", reuse_cache=False)._sessions()
     assert not roller(prompt_style="compact")._sessions()  # the tiny default: measured slower with them
+
+
+def test_past_turns_can_sit_inside_the_current_user_message():
+    t = P.Templates()
+    t.texts["CHAT_PAST_INLINE"] = "Earlier observation:\n{observation}\nYou did: {action}\n"
+    msgs = P.chat_actor_messages(action_format="f", task="t", observation="o2", history=[("o0", "a0"), ("o1", "a1")],
+                                 admissible=["a", "b"], templates=t)
+    assert [m["role"] for m in msgs[5:]] == ["user"]  # after the system text and the two examples: one user message
+    assert msgs[-1]["content"].startswith("Task: t\nEarlier observation:\no0\nYou did: a0\nEarlier observation:\no1\nYou did: a1\n"
+                                          "Observation:\no2\nAdmissible actions:\n- a\n- b\n")
+    # the default keeps past turns as user/assistant messages
+    assert [m["role"] for m in P.chat_actor_messages(action_format="f", task="t", observation="o2", history=[("o0", "a0")])[5:]] \
+        == ["user", "assistant", "user"]
