@@ -112,15 +112,32 @@ def test_openai_backend_through_llama_cpp_matches_the_hf_model(server, smollm2_d
 def test_retries_wait_for_a_starting_server_and_timeouts_give_up(gguf_file, smollm2_dir, tmp_path):
     from trainers.models import BackendError, OpenAIBackend
 
+    import threading
+
     port = free_port()
-    # asked before the server listens: connection refused, retried with backoff until it is up
+    # asked before the server listens: connection refused, retried with backoff until it is up. The client (and its
+    # tokenizer) exists and its first try has failed before the server is started, whatever the machine's load.
+    client = OpenAIBackend(f"http://127.0.0.1:{port}/v1", "smollm2", tokenizer_path=smollm2_dir, max_retries=12,
+                           backoff_s=0.25, timeout=60, prompts_as_text=True, want_logprobs=False)
+    answer: dict = {}
+
+    def ask() -> None:
+        try:
+            answer["out"] = client.generate(["The capital of France is"], max_new_tokens=3, temperature=0.0)[0]
+        except Exception as e:  # noqa: BLE001 - reported by the assertion below
+            answer["error"] = e
+
+    t0 = time.monotonic()
+    asker = threading.Thread(target=ask, daemon=True)
+    asker.start()
+    deadline = time.monotonic() + 30
+    while client.requests_sent < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
     srv = LlamaServer(gguf_file, tmp_path / "late.log", port=port)
     try:
-        client = OpenAIBackend(f"http://127.0.0.1:{port}/v1", "smollm2", tokenizer_path=smollm2_dir, max_retries=12,
-                               backoff_s=0.25, timeout=60, prompts_as_text=True, want_logprobs=False)
-        t0 = time.monotonic()
-        out = client.generate(["The capital of France is"], max_new_tokens=3, temperature=0.0)[0]
-        assert out.text and client.requests_sent > 1, (out, client.requests_sent)
+        asker.join(timeout=180)
+        out = answer.get("out")
+        assert out is not None and out.text and client.requests_sent > 1, (answer, client.requests_sent)
         assert time.monotonic() - t0 < 120
         # a request slower than its timeout: retried, then a clear error
         impatient = OpenAIBackend(f"http://127.0.0.1:{port}/v1", "smollm2", max_retries=1, backoff_s=0.01, timeout=0.05,
