@@ -313,6 +313,10 @@ def test_sigterm_stops_after_the_step_and_a_second_one_at_once(tmp_path, models)
     (a step can take minutes on a CPU) ends it at once. Either way the row says stopped, never running."""
     data = tmp_path / "data"
     cfg = write_config(tmp_path / "c.yaml", models, variant="grpo", steps=200)
+    # Steps long enough (128 episodes of up to 30 turns) that the second signal lands inside one, not after a
+    # graceful stop that the first already completed.
+    text = cfg.read_text().replace("tasks_per_step: 1, group_size: 4", "tasks_per_step: 16, group_size: 8")
+    cfg.write_text(text.replace("max_turns: 3}", "max_turns: 30}"))
     p = comprl("train", str(cfg), data=data, start_new_session=True)
     store = None
     try:
@@ -328,10 +332,21 @@ def test_sigterm_stops_after_the_step_and_a_second_one_at_once(tmp_path, models)
             assert p.poll() is None, p.stdout.read()
         else:
             pytest.fail("the run never logged a step")
+        import threading
+
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(iter(p.stdout.readline, "")), daemon=True)
+        reader.start()
         p.send_signal(signal.SIGTERM)
-        time.sleep(0.2)
+        # The second signal only once the first has been handled: two signals that arrive before Python runs its
+        # handler are delivered as one (under load the main thread can sit in a torch call for a while).
+        deadline = time.time() + 300
+        while not any("send the signal again" in ln for ln in list(lines)) and time.time() < deadline and p.poll() is None:
+            time.sleep(0.1)
         p.send_signal(signal.SIGTERM)
-        out, _ = p.communicate(timeout=60)
+        p.wait(timeout=120)
+        reader.join(timeout=30)
+        out = "".join(lines)
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
