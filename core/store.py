@@ -959,14 +959,23 @@ class ExperienceStore:
 
     def drop_after_step(self, run_id: int, step: int) -> dict[str, int]:
         """A resume from the checkpoint at `step` will redo every later step: drop what those steps logged
-        (metrics and stored episodes past `step`), so the store holds each step's values and episodes once.
-        Library entries are kept: nothing the extractor wrote is lost. Returns the counts dropped."""
+        (metrics, stored episodes and the entry outcomes credited from those episodes past `step`: their
+        entry_usage rows and the successes/failures counters they added), so the store holds each step's
+        values, episodes and outcomes once. Library entries are kept: nothing the extractor wrote is lost, and
+        retrieval counts stay (those retrievals happened). Returns the counts dropped."""
         with self._tx() as s:
             m = s.execute(delete(MetricRow).where(MetricRow.run_id == run_id, MetricRow.step > step)).rowcount
             t = s.execute(delete(TrajectoryRow).where(TrajectoryRow.run_id == run_id, TrajectoryRow.step > step)).rowcount
+            past = (EntryUsageRow.run_id == run_id, EntryUsageRow.step > step)
+            undo = s.execute(select(EntryUsageRow.entry_id, EntryUsageRow.success, func.count())
+                             .where(*past).group_by(EntryUsageRow.entry_id, EntryUsageRow.success)).all()
+            for entry_id, ok, n in undo:
+                col = EntryRow.successes if ok else EntryRow.failures
+                s.execute(update(EntryRow).where(EntryRow.id == entry_id).values({col: col - n}))
+            u = s.execute(delete(EntryUsageRow).where(*past)).rowcount
             if m:
                 s.execute(update(RunRow).where(RunRow.id == run_id).values(metrics_reset_at=time.time()))
-            return {"metrics": m, "episodes": t}
+            return {"metrics": m, "episodes": t, "outcomes": u}
 
     def heartbeat(self, run_id: int) -> None:
         with self._tx() as s:

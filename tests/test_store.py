@@ -255,10 +255,21 @@ def test_metrics_once_per_step_and_key_and_resume_drops_what_lies_past_the_check
     assert store.latest_metrics(run)["a"] == 30.0
     other = store.create_run("another run, untouched")
     store.log_metrics(other, 5, {"a": 1.0})
-    assert store.drop_after_step(run, 1) == {"metrics": 4, "episodes": 4}  # a resume from the step-1 checkpoint
+    # entry outcomes credited at steps 1-3 by this run (and one by the other run): those past step 1 go with their
+    # episodes, and so do the successes/failures they added to the entry's counters
+    e = store.add_entry("an entry", env="e", task="t")
+    for step, ok in ((1, True), (2, True), (2, False), (3, True)):
+        store.record_outcomes([(e, ok, float(ok))], run_id=run, step=step)
+    store.record_outcomes([(e, False, 0.0)], run_id=other, step=9)
+    assert (store.get(e).successes, store.get(e).failures) == (3, 2)
+    # a resume from the step-1 checkpoint
+    assert store.drop_after_step(run, 1) == {"metrics": 4, "episodes": 4, "outcomes": 3}
     assert {s for _, _, s, _, _ in store.metrics_since(run)} == {1}
     assert {t["step"] for t in store.list_trajectories(run_id=run)} == {1}
     assert len(store.metrics_since(other)) == 1
+    assert sorted((u["run_id"], u["step"]) for u in store.usage(e)) == [(run, 1), (other, 9)]
+    assert (store.get(e).successes, store.get(e).failures) == (1, 1)
+    assert store.drop_after_step(run, 1) == {"metrics": 0, "episodes": 0, "outcomes": 0}  # a second resume: nothing
 
 
 def test_dead_runs_are_reaped_with_the_end_of_their_log(store, tmp_path):

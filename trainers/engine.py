@@ -225,8 +225,9 @@ class RunContext:
         # goes, so each (step, key) and each episode is stored once (a fresh run has nothing to drop).
         dropped = self.store.drop_after_step(self.run_id, self.start_step)
         if any(dropped.values()):
-            print(f"run {self.run_id}: dropped {dropped['metrics']} metric points and {dropped['episodes']} episodes "
-                  f"logged past step {self.start_step} by the attempt that was interrupted", flush=True)
+            print(f"run {self.run_id}: dropped {dropped['metrics']} metric points, {dropped['episodes']} episodes and "
+                  f"{dropped['outcomes']} entry outcomes logged past step {self.start_step} by the attempt that was "
+                  "interrupted", flush=True)
         return state
 
     # -- the end ------------------------------------------------------------------------------------
