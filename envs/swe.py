@@ -9,22 +9,34 @@
   git checkout and judged by the official `swebench` harness, which needs a Docker engine.
 
 Sandbox (what running a command guarantees): each test or script run is a subprocess in its own
-process group with a wall-clock timeout (the whole group is killed), an address-space cap
-(RLIMIT_AS), a file-size cap (RLIMIT_FSIZE), a scrubbed environment (no proxies, HOME in the
-episode's temp dir) and, where `unshare -rn` works, an empty network namespace (no interface but a
-down loopback) and its own PID namespace: the run is PID 1 of it, so when it ends or is killed the
-kernel kills everything it started, `setsid` grandchildren included, and no process of the host can be
-seen or signalled. Where unshare does not work, a `sitecustomize` socket guard refuses internet
-connections from Python and the process group is all that is killed. When the env runs as root, agent
-code runs as the unprivileged user `nobody` (uid 65534), which owns only the episode's copy, may not
-write anywhere else a normal user may not, and has at most SANDBOX_MAX_PROCS processes at once.
-Every timeout stays inside the env pool's per-step limit (STEP_BUDGET_S), so a worker is never killed
-under a running pytest. File commands cannot leave the working copy and never follow a symlink (a link
-the agent plants is listed but not read through; the judge's copy keeps links as links). A *script*
-could still read world-readable files of this machine (there is no filesystem jail), so the held-out
-tests are hidden, not secret. The judge ignores conftest.py files, pytest config files and a
-`pytest.py` the agent leaves in its tree. Not capped per tree: memory (RLIMIT_AS is per process) and
-disk (RLIMIT_FSIZE is per file); that needs cgroups, not used here.
+process group with a wall-clock timeout, a scrubbed environment (no proxies, HOME in the episode's temp
+dir) and, where `unshare -rn` works, an empty network namespace (no interface but a down loopback) and its
+own PID namespace: the run is PID 1 of it, so when it ends or is killed the kernel kills everything it
+started, `setsid` grandchildren included, and no process of the host can be seen or signalled. Where
+unshare does not work, a `sitecustomize` socket guard refuses internet connections from Python and the
+process group is all that is killed. The run dies with the env process that started it (PR_SET_PDEATHSIG):
+a pool worker killed under a run leaves no tree behind.
+
+Caps on the whole tree (envs/tree_caps.py): where this process may write a cgroup (v2 with the memory
+and pids controllers, else the v1 memory and pids hierarchies), each run gets its own group with
+`memory_mb` for the tree (an OOM kills within the tree, never the host), SANDBOX_MAX_PROCS processes, and
+a kill that reaches every member. Where no cgroup is writable, only the per-process caps remain
+(RLIMIT_AS `memory_mb`, and RLIMIT_NPROC for the sandbox uid): `Sandbox.tree_caps` says which. Disk: every
+file is capped by RLIMIT_FSIZE, and the episode's folder by `disk_mb`: a watchdog measures it while the
+tree runs and kills the tree past the cap, and what that run wrote is removed.
+
+Unprivileged: when the env runs as root, agent code runs as `nobody` (uid 65534), which owns only the
+episode's copy. In a private mount namespace (envs/sandbox_fs.py) /tmp, /var/tmp and /dev/shm are small
+private tmpfs mounts (the episode's folders bound back at their paths), so nothing is written outside the
+copy; and where `nobody` cannot reach the interpreter (a Python under /root, mode 700) the folder in the
+way is covered by an empty tmpfs and only the interpreter's trees are bound back, read-only. If neither
+the uid nor the namespace can be had as root, the env refuses to start (SandboxUnavailable): agent code
+never runs as root. Every timeout stays inside the env pool's per-step limit (STEP_BUDGET_S), so a worker
+is never killed under a running pytest. File commands cannot leave the working copy and never follow a
+symlink (a link the agent plants is listed but not read through; the judge's copy keeps links as links).
+A *script* could still read world-readable files of this machine (there is no filesystem jail beyond the
+above), so the held-out tests are hidden, not secret. The judge ignores conftest.py files, pytest config
+files and a `pytest.py` the agent leaves in its tree, and runs in the same sandbox as the agent's code.
 """
 from __future__ import annotations
 
@@ -41,6 +53,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 import weakref
 from dataclasses import dataclass
@@ -48,12 +61,14 @@ from pathlib import Path
 from typing import Any
 
 from envs.base import EnvError
+from envs.sandbox_fs import MountPlan, set_parent_death_signal
+from envs.tree_caps import RunGroup, TreeCaps, sweep_stale_groups
 
 TASKS_DIR = Path(__file__).resolve().parent.parent / "assets" / "swe_tasks"
 MAX_OUTPUT_CHARS = 4000  # an observation longer than this is cut, keeping both ends
 STEP_BUDGET_S = 30.0  # envs/pool.py's default step_timeout_s: a command must end (and be killed) inside it
 SANDBOX_UID = 65534  # nobody: who runs agent code when the env itself runs as root
-SANDBOX_MAX_PROCS = 64  # processes of that uid at once (RLIMIT_NPROC counts per user: with its own uid, per tree)
+SANDBOX_MAX_PROCS = 64  # processes of one run's tree (cgroup pids.max; without a cgroup, RLIMIT_NPROC of the uid)
 HIDDEN_NAMES = {"__pycache__", ".pytest_cache", ".git"}
 
 ACTION_FORMAT = (
@@ -117,19 +132,40 @@ def _unshare_works() -> bool:
         return False
 
 
-@functools.lru_cache(maxsize=4)
-def _uid_can_run(uid: int, exe: str) -> bool:
-    """Whether `uid` can start `exe` (every folder on the way to it and its library must be searchable)."""
+def _uid_can_run(uid: int, exe: str, plan: MountPlan | None = None) -> bool:
+    """Whether `uid` can start `exe` and import its site packages (every folder on the way must be searchable),
+    in a mount namespace laid out by `plan` if given."""
     def drop() -> None:
+        if plan is not None:
+            plan.apply()
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
 
     try:
-        return subprocess.run([exe, "-c", "pass"], preexec_fn=drop, capture_output=True, timeout=60,
-                              cwd="/").returncode == 0
+        return subprocess.run([exe, "-c", "import site, encodings"], preexec_fn=drop, capture_output=True,
+                              timeout=60, cwd="/").returncode == 0
     except (OSError, subprocess.SubprocessError):
         return False
+
+
+@functools.lru_cache(maxsize=4)
+def _interpreter_plan(exe: str) -> MountPlan | None:
+    """As root: the mount plan under which the sandbox user can run `exe` (empty if it already can), or None if
+    there is none (then agent code is refused, never run as root: see Sandbox)."""
+    if _uid_can_run(SANDBOX_UID, exe):
+        plan = MountPlan()
+    else:
+        plan = MountPlan.for_interpreter(exe)
+        if not plan.covers:
+            return None
+    # The plan with private scratch folders must work too (a namespace is made for every run).
+    plan_here = plan.with_scratch([])
+    return plan if _uid_can_run(SANDBOX_UID, exe, plan_here) else None
+
+
+class SandboxUnavailable(EnvError):
+    """Agent code cannot be run unprivileged here; the message names the fix."""
 
 
 @dataclass
@@ -137,40 +173,71 @@ class RunResult:
     returncode: int
     output: str
     timed_out: bool
+    killed_for: str = ""  # "" (it ended), "time", "disk": why the sandbox killed the tree
+    caps: dict[str, int] | None = None  # what the tree's cgroup counted (OOM kills, refused forks, peak memory)
 
 
 class Sandbox:
-    """Runs argv in a directory under a timeout, memory cap and without network (see module doc)."""
+    """Runs argv in a directory under a timeout, caps on memory, processes and disk for the whole tree, without
+    network, as an unprivileged user (see the module doc)."""
 
-    def __init__(self, timeout_s: float = 20.0, memory_mb: int = 1024, file_mb: int = 64, python: str | None = None):
+    def __init__(self, timeout_s: float = 20.0, memory_mb: int = 1024, file_mb: int = 64, python: str | None = None,
+                 disk_mb: int = 256):
         self.python = python or sys.executable  # the interpreter agent scripts and tests run with
         self.timeout_s = timeout_s
         self.memory_mb = memory_mb
         self.file_mb = file_mb
+        self.disk_mb = disk_mb
         self.network_isolation = "unshare" if _unshare_works() else "socket-guard"
-        # Root hands agent code to an unprivileged uid (anyone else already is one), if that uid can run this
-        # interpreter at all: one installed under /root (mode 700) cannot be, and then code runs as root, still
-        # in its own PID namespace (no host process visible), but able to write where root can.
-        self.uid: int | None = SANDBOX_UID if os.geteuid() == 0 and _uid_can_run(SANDBOX_UID, self.python) else None
+        # Caps on the whole tree (cgroup v2, else v1, else none: per-process rlimits only; tree_caps.py).
+        self.caps = TreeCaps.detect()
+        self.tree_caps = self.caps.kind if self.caps else "rlimits only (no writable cgroup here)"
+        # Root hands agent code to the unprivileged uid `nobody`; where it cannot reach the interpreter (a Python
+        # under /root, mode 700) a private mount namespace makes just the interpreter's trees reachable, read-only
+        # (sandbox_fs.py). Agent code is never run as root: if neither works, the env refuses to start.
+        self.uid: int | None = None
+        self.mounts: MountPlan | None = None
+        if os.geteuid() == 0:
+            self.mounts = _interpreter_plan(self.python)
+            if self.mounts is None:
+                raise SandboxUnavailable(
+                    f"SWE sandbox: agent code would run as root: uid {SANDBOX_UID} (nobody) cannot run {self.python}, "
+                    "and no private mount namespace can be made here to expose it (needs CAP_SYS_ADMIN). Install "
+                    "the interpreter where others may read it (e.g. /usr/local or /opt) or make the folders on its "
+                    "way searchable (chmod o+x), or run the env as an unprivileged user.")
+            self.uid = SANDBOX_UID
+        self.fs_isolation = ("private /tmp, /var/tmp, /dev/shm" + (", interpreter exposed read-only"
+                             if self.mounts and self.mounts.covers else "")) if self.uid is not None else "none"
         sweep_stale_temp_dirs()
+        sweep_stale_groups()
         self._guard_dir = Path(tempfile.mkdtemp(prefix=f"swe_guard_{os.getpid()}_"))
         self._guard_dir.chmod(0o755)  # readable by the sandbox user, or its Python would skip the guard silently
         (self._guard_dir / "sitecustomize.py").write_text(_SOCKET_GUARD)
         # Removed when the sandbox is closed or garbage-collected, whichever comes first.
         self._finalizer = weakref.finalize(self, shutil.rmtree, str(self._guard_dir), True)
 
-    def _limits(self) -> None:
-        # Runs in the child between fork and exec: caps apply to it and everything it starts.
+    def _child_setup(self, group: RunGroup | None, plan: MountPlan | None) -> None:
+        # Runs in the child between fork and exec, in this order: caps first (they apply to it and everything it
+        # starts), then the mount namespace (needs root), then the drop to the sandbox user (nothing after it may
+        # raise a limit again).
+        set_parent_death_signal()  # a worker killed under a run takes the run with it
+        if group is not None:
+            group.join()
         mem = self.memory_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
         fsize = self.file_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         if self.uid is not None:
-            resource.setrlimit(resource.RLIMIT_NPROC, (SANDBOX_MAX_PROCS, SANDBOX_MAX_PROCS))
+            if plan is not None:
+                plan.apply()
+            # RLIMIT_NPROC counts every process of the uid, in every episode at once: with a cgroup (pids.max per
+            # tree) it is only a backstop for the machine, without one it is the cap.
+            nproc = SANDBOX_MAX_PROCS * (16 if group is not None else 1)
+            resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
             os.setgroups([])
             os.setgid(self.uid)
-            os.setuid(self.uid)  # last: after it nothing here may raise a limit again
+            os.setuid(self.uid)
 
     def env(self, home: Path) -> dict[str, str]:
         return {
@@ -205,21 +272,102 @@ class Sandbox:
             # --kill-child: if unshare dies (our SIGKILL on timeout), so does that PID 1, and with it the kernel
             # kills every process of the namespace, wherever it moved its session or group.
             argv = ["unshare", "-rn", "--pid", "--fork", "--kill-child", *argv]
-        self.hand_over(cwd.parent, keep)
+        top = cwd.parent
+        self.hand_over(top, keep)
         timeout = timeout_s or self.timeout_s
-        proc = subprocess.Popen(argv, cwd=cwd, env=self.env(cwd.parent), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=self._limits,
-                                start_new_session=True)
+        group = self.caps.group(self.memory_mb, SANDBOX_MAX_PROCS) if self.caps else None
+        plan = self.mounts.with_scratch([top, self._guard_dir]) if self.mounts is not None else None
+        killed_for = ""
         try:
-            out, _ = proc.communicate(timeout=timeout)
-            return RunResult(proc.returncode, out.decode("utf-8", "replace"), False)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # the whole group: a script's children die too
-            out, _ = proc.communicate()
-            return RunResult(-9, out.decode("utf-8", "replace"), True)
+            proc = subprocess.Popen(argv, cwd=cwd, env=self.env(top), stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    preexec_fn=lambda: self._child_setup(group, plan), start_new_session=True)
+            deadline = time.monotonic() + timeout
+            before = file_states(top)  # to take back what a run over its disk cap wrote
+            chunks: list[bytes] = []
+            while True:
+                # Output is read as it comes (a full pipe would stall the tree); between reads the watchdog looks at
+                # the clock and at the episode folder's size (disk is capped per tree, not only per file).
+                try:
+                    out, _ = proc.communicate(timeout=min(DISK_POLL_S, max(0.01, deadline - time.monotonic())))
+                    chunks.append(out)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                if time.monotonic() >= deadline:
+                    killed_for = "time"
+                elif folder_bytes(top, self.disk_mb * 1024 * 1024) > self.disk_mb * 1024 * 1024:
+                    killed_for = "disk"
+                if killed_for:
+                    if group is not None:
+                        group.kill()
+                    os.killpg(proc.pid, signal.SIGKILL)  # the whole group: a script's children die too
+                    out, _ = proc.communicate()
+                    chunks.append(out)
+                    break
+            if killed_for != "time" and folder_bytes(top, self.disk_mb * 1024 * 1024) > self.disk_mb * 1024 * 1024:
+                # Written faster than the watchdog looks (it polls): over the cap when it ended all the same.
+                killed_for = "disk"
+            if killed_for == "disk":
+                removed = remove_written_since(top, before)
+                chunks.append(f"\n[{removed} file(s) written by this run removed: the folder passed its "
+                              f"{self.disk_mb} MB disk cap]".encode())
+            text = b"".join(chunks).decode("utf-8", "replace")
+            code = -9 if killed_for else proc.returncode
+            return RunResult(code, text, killed_for == "time", killed_for, group.stat() if group else None)
+        finally:
+            if group is not None:
+                group.close()
 
     def close(self) -> None:
         self._finalizer()
+
+
+DISK_POLL_S = 0.2  # how often a running tree's disk use is measured
+
+
+def file_states(top: Path) -> dict[str, tuple[int, int]]:
+    """path -> (mtime_ns, size) of every file under `top` (links not followed)."""
+    out = {}
+    for dirpath, _, filenames in os.walk(top):
+        for name in filenames:
+            p = os.path.join(dirpath, name)
+            try:
+                st = os.lstat(p)
+            except OSError:
+                continue
+            out[p] = (st.st_mtime_ns, st.st_size)
+    return out
+
+
+def remove_written_since(top: Path, before: dict[str, tuple[int, int]]) -> int:
+    """Delete the files under `top` that are new or changed since `before` (what a run over its disk cap wrote);
+    links are removed as links. Returns how many."""
+    n = 0
+    for p, state in file_states(top).items():
+        if before.get(p) != state:
+            try:
+                os.unlink(p)
+                n += 1
+            except OSError:
+                pass
+    return n
+
+
+def folder_bytes(top: Path, stop_after: int | None = None) -> int:
+    """Bytes allocated under `top` (links not followed), counting each file at least one block; stops counting
+    once past `stop_after`. A million empty files cost a block each, so they are capped too."""
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in dirnames + filenames:
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except OSError:
+                continue
+            total += max(st.st_blocks * 512, 4096)
+        if stop_after is not None and total > stop_after:
+            break
+    return total
 
 
 def _clip(text: str, limit: int = MAX_OUTPUT_CHARS) -> str:
@@ -489,7 +637,7 @@ class SweEnv:
     action_format = ACTION_FORMAT
 
     def __init__(self, name: str, source: Any, max_turns: int = 30, command_timeout: float = 20.0,
-                 test_timeout: float = 25.0, memory_mb: int = 1024, python: str | None = None):
+                 test_timeout: float = 25.0, memory_mb: int = 1024, disk_mb: int = 256, python: str | None = None):
         for what, t in (("command_timeout", command_timeout), ("test_timeout", test_timeout)):
             # A command longer than the pool's step limit gets its worker killed under it, orphaning its tree.
             if not 0 < t <= STEP_BUDGET_S - 5:
@@ -499,7 +647,7 @@ class SweEnv:
         self.source = source
         self.max_turns = int(max_turns)
         self.test_timeout = test_timeout
-        self.sandbox = Sandbox(timeout_s=command_timeout, memory_mb=memory_mb, python=python)
+        self.sandbox = Sandbox(timeout_s=command_timeout, memory_mb=memory_mb, disk_mb=disk_mb, python=python)
         self.task = ""
         self.turns = 0
         self.done = False
@@ -603,11 +751,20 @@ class SweEnv:
         res = self.sandbox.run([self.sandbox.python, *_PYTEST, "tests"], self.ws.root, self.test_timeout)
         return self._report(res, "tests", self.test_timeout)
 
-    @staticmethod
-    def _report(res: RunResult, what: str, limit: float) -> str:
-        if res.timed_out:
-            return f"{what} killed after the time limit ({limit:g}s)\n{res.output}"
-        return f"{res.output}\n[{what} exit code {res.returncode}]"
+    def _report(self, res: RunResult, what: str, limit: float) -> str:
+        caps = res.caps or {}
+        notes = []
+        oom = caps.get("memory.events:oom_kill", caps.get("memory.oom_control:oom_kill", 0))
+        if oom:
+            notes.append(f"[memory cap: {oom} process(es) killed, the tree passed {self.sandbox.memory_mb} MB]")
+        if caps.get("pids.events:max"):
+            notes.append(f"[process cap: {caps['pids.events:max']} fork(s) refused past {SANDBOX_MAX_PROCS} processes]")
+        tail = "".join("\n" + n for n in notes)
+        if res.killed_for == "time":
+            return f"{what} killed after the time limit ({limit:g}s)\n{res.output}{tail}"
+        if res.killed_for == "disk":
+            return f"{what} killed: its files passed the {self.sandbox.disk_mb} MB disk cap\n{res.output}{tail}"
+        return f"{res.output}\n[{what} exit code {res.returncode}]{tail}"
 
     # -- episode plumbing --------------------------------------------------------------------
     def _submit(self) -> tuple[str, float, bool, bool, dict[str, Any]]:

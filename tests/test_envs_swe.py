@@ -222,15 +222,17 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from envs.swe import STEP_BUDGET_S, _uid_can_run, _unshare_works, sweep_stale_temp_dirs  # noqa: E402
+from envs.swe import SANDBOX_MAX_PROCS, STEP_BUDGET_S, _unshare_works, sweep_stale_temp_dirs  # noqa: E402
+from envs.tree_caps import TreeCaps  # noqa: E402
 
 NAMESPACES = pytest.mark.skipif(not _unshare_works(), reason="needs `unshare -rn --pid` (user namespaces); "
                                 "without them the sandbox kills process groups only")
-# The uid drop needs root and an interpreter the sandbox user can reach; this machine's venv python lives under
-# /root (mode 700), so these probes use the system python, which is all a script probe needs.
-SYS_PY = "/usr/bin/python3"
-AS_NOBODY = pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists(SYS_PY) or not _uid_can_run(65534, SYS_PY),
-                               reason="needs root and a python the unprivileged sandbox user can run")
+# The uid drop needs root (an unprivileged user runs agent code as itself). This machine's venv python lives under
+# /root (mode 700): the sandbox reaches it through its private mount namespace, so the probes use it as is.
+AS_NOBODY = pytest.mark.skipif(os.geteuid() != 0, reason="the drop to `nobody` is what root does; run as root to test it")
+TREE_CAPS = pytest.mark.skipif(TreeCaps.detect() is None,
+                               reason="no cgroup this process may write (v2 with memory+pids, or v1 memory and pids): "
+                                      "the sandbox has per-process rlimits only here")
 
 
 def _script(e: SweEnv, name: str, code: str) -> tuple[str, float]:
@@ -296,9 +298,10 @@ def test_scripts_run_unprivileged_and_cannot_write_outside_their_copy(tmp_path):
     outside = tmp_path / "host_file.txt"
     outside.write_text("untouched")
     victim = subprocess.Popen(["sleep", "60"])
-    e = make_swe_local(command_timeout=10, python=SYS_PY)
+    e = make_swe_local(command_timeout=10)  # this venv's python, under /root (mode 700) here
     try:
         e.reset(seed=0)
+        assert e.sandbox.uid == 65534
         obs, _ = _script(e, "who.py", "import os\nprint('uid', os.getuid())\n"
                          f"for target in [{str(outside)!r}, '/etc/comprl_probe']:\n"
                          "    try:\n        open(target, 'w').write('pwned')\n        print('WROTE', target)\n"
@@ -362,3 +365,117 @@ def test_temp_folders_of_killed_workers_are_swept():
     assert sweep_stale_temp_dirs() >= 1 and not ep.exists()
     guards = list(Path(tempfile.gettempdir()).glob(f"swe_guard_{p.pid}_*"))
     assert guards == []
+
+
+@AS_NOBODY
+def test_agent_code_is_never_root_and_sees_only_the_interpreter_of_roots_home():
+    e = make_swe_local(command_timeout=10)
+    try:
+        e.reset(seed=0)
+        obs, _ = _script(e, "home.py", "import os\nprint('root has', sorted(os.listdir('/root')))\n"
+                         "open('made.txt', 'w').write('x')")
+        assert e.sandbox.uid == 65534 and (e.ws.root / "made.txt").stat().st_uid == 65534, obs  # nobody, on the host
+        if not os.access("/root", os.X_OK, effective_ids=False) or (os.stat("/root").st_mode & 0o001) == 0:
+            # root's home is closed to others: the sandbox shows an empty tmpfs with only the interpreter in it
+            assert "root has" in obs and all(n in os.listdir("/root") for n in eval(obs.split("root has")[1].split("\n")[0]))
+            assert len(eval(obs.split("root has")[1].split("\n")[0])) < len(os.listdir("/root"))
+    finally:
+        e.close()
+
+
+def test_refuses_to_start_where_agent_code_would_run_as_root(monkeypatch):
+    import envs.swe as swe
+
+    monkeypatch.setattr(swe.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(swe, "_interpreter_plan", lambda exe: None)
+    with pytest.raises(swe.SandboxUnavailable, match="agent code would run as root.*chmod o\\+x"):
+        swe.Sandbox(python="/nowhere/python3")
+
+
+@AS_NOBODY
+def test_scratch_folders_are_private_to_the_run():
+    names = [f"/tmp/comprl_probe_{os.getpid()}", f"/var/tmp/comprl_probe_{os.getpid()}",
+             f"/dev/shm/comprl_probe_{os.getpid()}"]
+    e = make_swe_local(command_timeout=10)
+    try:
+        e.reset(seed=0)
+        obs, _ = _script(e, "scratch.py", f"for p in {names!r}:\n    open(p, 'w').write('x' * 1000)\n    print('wrote', p)\n"
+                         "big = 0\ntry:\n    with open('/tmp/fill', 'wb') as f:\n"
+                         "        for _ in range(200):\n            f.write(b'x' * (1 << 20)); big += 1\n"
+                         "except OSError as err:\n    print('scratch full after', big, 'MB')")
+        assert obs.count("wrote") == 3 and "scratch full after" in obs, obs  # writable, small, and ...
+        assert not any(os.path.exists(p) for p in names) and not os.path.exists("/tmp/fill")  # ... not the host's
+    finally:
+        e.close()
+
+
+@TREE_CAPS
+def test_memory_is_capped_for_the_tree_not_per_process():
+    e = make_swe_local(command_timeout=20, memory_mb=1024)
+    try:
+        e.reset(seed=0)
+        # three children of 700 MB each: each passes the per-process RLIMIT_AS of 1 GB, together they do not
+        obs, _ = _script(e, "three.py", "import os\nkids = []\nfor i in range(3):\n    pid = os.fork()\n"
+                         "    if pid == 0:\n        b = b'x' * (700 << 20); print('child', i, 'has 700 MB', flush=True)\n"
+                         "        import time; time.sleep(1); os._exit(0)\n    kids.append(pid)\n"
+                         "print('exits', [os.waitpid(k, 0)[1] for k in kids])")
+        assert obs.count("has 700 MB") <= 1 and "[memory cap:" in obs, obs
+    finally:
+        e.close()
+
+
+@TREE_CAPS
+def test_processes_are_capped_for_the_tree():
+    e = make_swe_local(command_timeout=20)
+    try:
+        e.reset(seed=0)
+        obs, _ = _script(e, "forks.py", "import os, time\nn = 0\ntry:\n    for _ in range(300):\n"
+                         "        if os.fork() == 0:\n            time.sleep(3); os._exit(0)\n        n += 1\n"
+                         "except OSError as err:\n    print('capped after', n, 'forks')")
+        n = int(obs.split("capped after")[1].split()[0])
+        assert n < SANDBOX_MAX_PROCS and "[process cap:" in obs, obs
+    finally:
+        e.close()
+
+
+def test_disk_is_capped_for_the_episode_folder():
+    e = make_swe_local(command_timeout=20, disk_mb=32)
+    try:
+        e.reset(seed=0)
+        from envs.swe import folder_bytes
+
+        # a slow writer is stopped by the watchdog while it runs; a fast one by the check at its end; each file
+        # stays under RLIMIT_FSIZE, the folder does not
+        for name, pause in (("slow.py", 0.02), ("fast.py", 0.0)):
+            obs, took = _script(e, name, f"import time\nfor i in range(100):\n    open(f'blob{{i}}', 'wb').write(b'x' * (1 << 20))\n"
+                                f"    time.sleep({pause})\nprint('wrote 100 MB')")
+            assert "passed the 32 MB disk cap" in obs and "written by this run removed" in obs, obs
+            assert folder_bytes(e.ws.root.parent) < 32 * 2**20 and not list(e.ws.root.glob("blob*"))
+            assert (e.ws.root / name).exists()  # what was there before the run stays
+        obs, _ = _script(e, "ok.py", "print('still works')")
+        assert "still works" in obs and "exit code 0" in obs
+    finally:
+        e.close()
+
+
+@NAMESPACES
+def test_a_killed_worker_takes_its_running_tree_with_it(tmp_path):
+    """The pool kills a worker that overran its step: the script it was running must not outlive it."""
+    marker = f"comprl-orphan-probe-{os.getpid()}"
+    code = ("import sys; sys.path.insert(0, %r)\nfrom envs.swe import make_swe_local\n"
+            "e = make_swe_local(command_timeout=20); e.reset(seed=0)\n"
+            "e.step('write spin.py\\nimport subprocess\\nsubprocess.Popen([\"setsid\", \"sh\", \"-c\", \"exec -a %s sleep 100\"])\\n"
+            "import time\\ntime.sleep(100)')\nprint('running', flush=True)\ne.step('python spin.py')")
+    root = str(Path(__file__).resolve().parents[1])
+    p = subprocess.Popen([sys.executable, "-c", code % (root, marker)], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "running"
+    deadline = time.monotonic() + 15
+    while not subprocess.run(["pgrep", "-f", marker], capture_output=True).stdout and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert subprocess.run(["pgrep", "-f", marker], capture_output=True).stdout, "the probe never started"
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    deadline = time.monotonic() + 5
+    while subprocess.run(["pgrep", "-f", marker], capture_output=True).stdout and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert subprocess.run(["pgrep", "-f", marker], capture_output=True).stdout == b""
