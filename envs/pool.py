@@ -5,11 +5,16 @@
         results = pool.step_many([(0, "east"), (1, "south")])
 
 Slots are env instances; slot i lives in worker i % num_workers, so slots that share a worker are
-stepped one after the other and share its fate: when one of them hangs past `step_timeout_s` or
-kills its process, the worker is restarted and every episode in it ends as a failure
-(`terminated=True`, `info["success"] = False`, `info["error"]` says why). A Python exception in
-an env ends only that slot's episode; its env is rebuilt on the next reset. One worker per slot
-(the default) isolates every env.
+stepped one after the other. When one of them hangs past `step_timeout_s` or kills its process, that
+episode ends as a failure (`terminated=True`, `info["success"] = False`, `info["error"]` says why) and
+the worker is restarted; the other episodes it held are rebuilt in the new worker by replaying them
+(the same reset seed and options, then their actions so far, each observation checked against the one
+recorded) and their commands are sent again. An episode that does not replay the same way (reset
+without a seed, an env that is not deterministic) ends as a failure saying so. So with one worker
+(`run.threads: 1`) a hung episode costs the others time, not their episodes. A Python exception in an
+env ends only that slot's episode; its env is rebuilt on the next reset. An env whose steps may
+legitimately outlast `step_timeout_s` (a SWE-bench harness run) gives its own limit in its reset info
+(`info["step_budget_s"]`), which the pool then allows that slot's steps.
 
 A factory must be picklable by reference (a module-level function or class in an importable
 module, not in `__main__`). Workers start with multiprocessing's "forkserver" method: NetHack keeps global state in its
@@ -119,6 +124,16 @@ def _worker(conn: Connection, specs: dict[int, EnvSpec]) -> None:
 
 
 @dataclass
+class _Replayable:
+    """What it takes to rebuild a slot's running episode in a new worker."""
+
+    seed: int | None
+    options: dict[str, Any] | None
+    reset_obs: str
+    steps: list[tuple[str, str]] = field(default_factory=list)  # (action, observation)
+
+
+@dataclass
 class _Worker:
     slots: list[int]
     process: Any = None
@@ -144,6 +159,9 @@ class EnvPool:
         self._workers = [_Worker([s for s in range(len(self.specs)) if s % self.num_workers == w])
                          for w in range(self.num_workers)]
         self._live: set[int] = set()  # slots whose env holds a running episode in its worker
+        self._episodes: dict[int, _Replayable] = {}  # live slot -> how to replay its episode
+        self._budget: dict[int, float] = {}  # slot -> the step limit its env asked for, when above the pool's
+        self.replays = 0  # episodes rebuilt in a new worker after another episode hung or killed theirs
         for w in self._workers:
             self._start(w)
         self._finalizer = weakref.finalize(self, EnvPool._shutdown, list(self._workers))
@@ -214,56 +232,154 @@ class EnvPool:
                 continue
             wi = slot % self.num_workers
             pending.setdefault(wi, []).append(i)
+        deadline: dict[int, float] = {}
+
+        def limit(wi: int) -> float:
+            return max([timeout_s] + [self._budget.get(commands[i][1], 0.0) for i in pending[wi]
+                                      if commands[i][0] == "step"])
+
+        def send(wi: int) -> None:
+            """Send worker wi its pending commands. One found dead (killed from outside between calls) is restarted,
+            every episode it held replayed (none of them is to blame), and the commands sent to the new one."""
+            for attempt in range(2):
+                w = self._workers[wi]
+                try:
+                    if not w.process.is_alive():
+                        raise BrokenPipeError
+                    for i in pending[wi]:
+                        w.conn.send(commands[i])
+                    deadline[wi] = time.monotonic() + limit(wi)
+                    return
+                except (BrokenPipeError, OSError):
+                    pending[wi] = self._fail_worker(wi, pending[wi], commands, results,
+                                                    f"worker process died (exit code {w.process.exitcode})",
+                                                    culprit=False)
+                    if not pending[wi]:
+                        break
+            for i in pending.pop(wi):
+                results[i] = _failure(commands[i][1], "its worker died again as soon as it was restarted")
+            deadline.pop(wi, None)
+
+        def failed(wi: int, reason: str) -> None:
+            """Worker wi hung or died on its first unanswered command: that episode fails; the others it held are
+            replayed in a new worker and their commands sent again."""
+            t0 = time.monotonic()
+            pending[wi] = self._fail_worker(wi, pending[wi], commands, results, reason, culprit=True)
+            deadline.pop(wi, None)
+            for other in deadline:  # the replay held this loop up: the other workers' clocks wait too
+                deadline[other] += time.monotonic() - t0
+            if pending[wi]:
+                send(wi)
+            else:
+                del pending[wi]
+
         for wi in list(pending):
-            w = self._workers[wi]
-            try:
-                if not w.process.is_alive():
-                    raise BrokenPipeError
-                for i in pending[wi]:
-                    w.conn.send(commands[i])
-            except (BrokenPipeError, OSError):
-                # Died between calls (e.g. killed from outside): its episodes are already lost.
-                self._fail_worker(wi, pending.pop(wi), commands, results,
-                                  f"worker process died (exit code {w.process.exitcode})")
-        deadline = {wi: time.monotonic() + timeout_s for wi in pending}
+            send(wi)
         while pending:
             conn_to_worker = {self._workers[wi].conn: wi for wi in pending}
             wait_s = max(0.0, min(deadline.values()) - time.monotonic())
             for conn in wait(list(conn_to_worker), timeout=wait_s):
                 wi = conn_to_worker[conn]
+                if wi not in pending:
+                    continue
                 try:
                     out: SlotResult = conn.recv()
                 except (EOFError, OSError):
-                    code = self._workers[wi].process.exitcode
-                    self._fail_worker(wi, pending.pop(wi), commands, results,
-                                      f"worker process died (exit code {code})")
-                    del deadline[wi]
+                    failed(wi, f"worker process died (exit code {self._workers[wi].process.exitcode})")
                     continue
                 i = pending[wi].pop(0)
                 results[i] = out
-                cmd, slot, _ = commands[i]
-                if cmd == "reset" and not out.error:
-                    self._live.add(slot)
-                if out.error or out.done:
-                    self._live.discard(slot)
-                deadline[wi] = time.monotonic() + timeout_s
-                if not pending[wi]:
+                self._record(commands[i], out)
+                if pending[wi]:
+                    deadline[wi] = time.monotonic() + limit(wi)
+                else:
                     del pending[wi], deadline[wi]
             now = time.monotonic()
             for wi in [wi for wi, d in deadline.items() if d <= now]:
-                self._fail_worker(wi, pending.pop(wi), commands, results,
-                                  f"no answer within {timeout_s:g} s (env hung)")
-                del deadline[wi]
+                if wi in deadline and deadline[wi] <= time.monotonic():  # (another's replay may have moved it)
+                    failed(wi, f"no answer within {limit(wi):g} s (env hung)")
         return [results[i] for i in range(len(commands))]
 
+    def _record(self, command: tuple[str, int, Any], out: SlotResult) -> None:
+        """Keep what replaying the slot's episode needs; forget it when the episode ends."""
+        cmd, slot, arg = command
+        if cmd == "reset" and not out.error:
+            self._live.add(slot)
+            self._episodes[slot] = _Replayable(arg[0], arg[1], out.obs)
+            budget = out.info.get("step_budget_s") if isinstance(out.info, dict) else None
+            self._budget[slot] = float(budget) if isinstance(budget, (int, float)) else 0.0
+        elif cmd == "step" and slot in self._episodes and not out.error:
+            self._episodes[slot].steps.append((arg, out.obs))
+        if out.error or out.done:
+            self._live.discard(slot)
+            self._episodes.pop(slot, None)
+
     def _fail_worker(self, wi: int, unanswered: list[int], commands: list[tuple[str, int, Any]],
-                     results: dict[int, SlotResult], reason: str) -> None:
-        first = commands[unanswered[0]][1] if unanswered else None
+                     results: dict[int, SlotResult], reason: str, *, culprit: bool) -> list[int]:
+        """Restart worker wi. With `culprit`, its first unanswered command hung or killed it: that slot's episode
+        fails with `reason`. Every other episode the worker held is replayed in the new worker. Returns the
+        unanswered commands to send again (resets, and those of replayed slots); the rest fail, saying why."""
+        w = self._workers[wi]
+        first = commands[unanswered[0]][1] if unanswered and culprit else None
+        held = [s for s in w.slots if s in self._live and s != first]
+        self._restart(w)  # forgets which of its slots were live
+        self._episodes.pop(first, None)
+        lost: dict[int, str] = {}
+        for n, slot in enumerate(held):
+            why = self._replay(w, slot, self._episodes.pop(slot))
+            if why is None:
+                continue
+            lost[slot] = why
+            if "did not answer" in why:  # the replay itself hung or died: the worker was restarted again
+                lost |= {s: f"its worker was restarted again while replaying slot {slot}" for s in held[n + 1:]}
+                for s in held[:n]:
+                    self._live.discard(s)
+                    self._episodes.pop(s, None)
+                    lost[s] = f"its worker was restarted again while replaying slot {slot}"
+                break
+        again = []
+        blame = f"slot {first} failed: {reason}" if first is not None else reason
         for i in unanswered:
-            slot = commands[i][1]
-            why = reason if slot == first else f"worker restarted because slot {first} failed: {reason}"
-            results[i] = _failure(slot, why)
-        self._restart(self._workers[wi])
+            cmd, slot, _ = commands[i]
+            if slot == first:
+                results[i] = _failure(slot, reason)
+            elif cmd == "reset" or slot in self._live:
+                again.append(i)
+            else:
+                why = lost.get(slot, "it held no running episode")
+                results[i] = _failure(slot, f"worker restarted because {blame}; this episode was lost: {why}")
+        return again
+
+    def _replay(self, w: _Worker, slot: int, ep: _Replayable) -> str | None:
+        """Rebuild one episode in worker w (just restarted): its reset and actions again, each observation
+        compared with the one recorded. None when it came back the same, else why not (the slot is then not live)."""
+        out = self._call(w, ("reset", slot, (ep.seed, ep.options)), self.reset_timeout_s)
+        if out is not None and not out.error and out.obs == ep.reset_obs:
+            for n, (action, want) in enumerate(ep.steps, 1):
+                out = self._call(w, ("step", slot, action), max(self.step_timeout_s, self._budget.get(slot, 0.0)))
+                if out is None or out.error or out.done or out.obs != want:
+                    break
+            else:
+                self._live.add(slot)
+                self._episodes[slot] = ep
+                self.replays += 1
+                return None
+        if out is None:
+            self._restart(w)
+            return "its replay did not answer in time"
+        if out.error:
+            return f"its replay failed: {out.error.splitlines()[0]}"
+        return "its replay came out different (the env is not deterministic given its seed and actions)"
+
+    def _call(self, w: _Worker, command: tuple[str, int, Any], timeout_s: float) -> SlotResult | None:
+        """One command to one worker, waited for; None if it is silent past `timeout_s` or dies."""
+        try:
+            w.conn.send(command)
+            if w.conn.poll(timeout_s):
+                return w.conn.recv()
+        except (EOFError, OSError):
+            pass
+        return None
 
     @staticmethod
     def _stop(w: _Worker, grace_s: float = 2.0) -> None:

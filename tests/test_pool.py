@@ -74,14 +74,91 @@ def test_pool_survives_crashing_dying_and_hanging_envs():
         assert [r.error for r in again] == [None] * 5
 
 
-def test_shared_worker_ends_all_its_episodes_and_stepping_a_lost_slot_is_reported():
-    with EnvPool(["minihack/Room-5x5", hanging_env], num_workers=1, step_timeout_s=1.0) as pool:
-        pool.reset_many([(0, 0, None), (1, 0, None)])
-        hung = pool.step_many([(1, "wait"), (0, "east")])
-        assert "no answer" in hung[0].error and "worker restarted because slot 1" in hung[1].error
-        lost = pool.step_many([(0, "east")])[0]
+class _CountingEnv:
+    """Deterministic given its seed (only for these tests); the action `hang` hangs, `slow` takes 2 s; a `noisy`
+    env starts from a random state, so it cannot be replayed."""
+
+    action_format = "Say a word."
+    max_turns = 50
+    task = "Count."
+
+    def __init__(self, noisy: bool = False, budget: float | None = None) -> None:
+        self.name, self.noisy, self.budget, self.n = "counting", noisy, budget, 0
+
+    def reset(self, *, seed=None, options=None):
+        import random
+
+        self.n = random.randrange(10**9) if self.noisy else (seed or 0) * 1000
+        return f"start at {self.n}", ({"step_budget_s": self.budget} if self.budget else {})
+
+    def step(self, action):
+        if action == "hang":
+            time.sleep(3600)
+        if action == "slow":
+            time.sleep(2)
+        self.n += 1
+        return f"{action} -> {self.n}", 0.0, False, False, {}
+
+    def close(self):
+        pass
+
+
+def counting_env():
+    return _CountingEnv()
+
+
+def noisy_env():
+    return _CountingEnv(noisy=True)
+
+
+def patient_env():
+    return _CountingEnv(budget=5.0)
+
+
+def test_one_worker_a_hung_episode_fails_alone_and_the_others_are_replayed():
+    """run.threads: 1 gives the pool one worker: a hung episode must not take its neighbours' episodes with it."""
+    with EnvPool([counting_env] * 4, num_workers=1, step_timeout_s=1.0) as pool:
+        pool.reset_many([(s, s, None) for s in range(4)])
+        for t in range(3):
+            pool.step_many([(s, f"a{t}") for s in range(4)])
+        out = pool.step_many([(0, "b"), (1, "hang"), (2, "b"), (3, "b")])
+        assert "no answer within 1 s" in out[1].error and out[1].terminated
+        assert [r.obs for r in (out[0], out[2], out[3])] == ["b -> 4", "b -> 2004", "b -> 3004"]  # as if nothing hung
+        assert all(r.error is None and not r.done for r in (out[0], out[2], out[3]))
+        assert pool.replays == 3 and pool.restarts() == 1
+        again = pool.step_many([(0, "c"), (2, "c")])  # the replayed episodes go on in the new worker
+        assert [r.obs for r in again] == ["c -> 5", "c -> 2005"]
+        lost = pool.step_many([(1, "c")])[0]
         assert lost.terminated and "call reset_many" in lost.error
-        assert pool.reset_many([(0, 0, None)])[0].error is None
+        assert pool.reset_many([(1, 1, None)])[0].error is None
+
+
+def test_a_neighbour_that_does_not_replay_the_same_is_reported_lost():
+    with EnvPool(["minihack/Room-5x5", hanging_env, noisy_env], num_workers=1, step_timeout_s=1.0) as pool:
+        pool.reset_many([(0, 0, None), (1, 0, None), (2, 0, None)])
+        pool.step_many([(0, "east"), (2, "x")])
+        out = pool.step_many([(1, "wait"), (0, "east"), (2, "y")])
+        assert "no answer" in out[0].error
+        assert out[1].error is None and not out[1].done  # real MiniHack replays the same from its seed
+        assert "worker restarted because slot 1" in out[2].error and "came out different" in out[2].error
+
+
+def test_an_env_may_ask_for_a_longer_step():
+    with EnvPool([patient_env, counting_env], num_workers=2, step_timeout_s=1.0) as pool:
+        pool.reset_many([(0, 0, None), (1, 1, None)])
+        out = pool.step_many([(0, "slow"), (1, "slow")])
+        assert out[0].error is None and out[0].obs == "slow -> 1"  # its reset info asked for 5 s
+        assert "no answer within 1 s" in out[1].error
+
+
+def test_a_worker_killed_between_calls_loses_no_episode():
+    with EnvPool([counting_env] * 2, num_workers=1, step_timeout_s=5.0) as pool:
+        pool.reset_many([(0, 0, None), (1, 1, None)])
+        pool.step_many([(0, "a"), (1, "a")])
+        pool._workers[0].process.kill()  # e.g. the OOM killer
+        pool._workers[0].process.join()
+        out = pool.step_many([(0, "b"), (1, "b")])
+        assert [r.obs for r in out] == ["b -> 2", "b -> 1002"] and pool.replays == 2
 
 
 def test_close_leaves_no_processes():

@@ -45,6 +45,8 @@ class RunSection:
             raise ConfigError("run.max_steps must be >= 1")
         if self.warmup_steps < 0 or self.checkpoint_every < 1 or self.eval_episodes < 0:
             raise ConfigError("run.warmup_steps and eval_episodes must be >= 0, checkpoint_every >= 1")
+        if self.eval_every < 0:
+            raise ConfigError(f"run.eval_every must be >= 0 (0: only at the end), not {self.eval_every}")
 
 
 @dataclass
