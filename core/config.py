@@ -7,8 +7,9 @@ with an error that names the field, before any work starts.
 from __future__ import annotations
 
 import dataclasses
-import re
+import math
 import os
+import re
 import types
 import typing
 import warnings
@@ -154,6 +155,7 @@ def _type_ok(value: Any, tp: Any) -> bool:
     return True
 
 
+CONFIG_INT_MIN, CONFIG_INT_MAX = -(2**31), 2**31 - 1  # a 32-bit integer column (core/store.py INT32)
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
@@ -202,6 +204,11 @@ def from_dict(cls: type, data: dict[str, Any] | None, path: str = "", base: Any 
             value = float(value)  # YAML 1.1 reads `3e-4` (no dot) as a string; a user means the number
         if not _type_ok(value, tp):
             raise ConfigError(f"{dotted} = {value!r} has the wrong type; expected {getattr(tp, '__name__', tp)}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{dotted} = {value!r}: give a finite number")
+        if isinstance(value, int) and not isinstance(value, bool) and not CONFIG_INT_MIN <= value <= CONFIG_INT_MAX:
+            # the store keeps steps, seeds and counts in 32-bit columns (core/store.py INT32): refused here, by name
+            raise ConfigError(f"{dotted} = {value} is out of range: it must be from {CONFIG_INT_MIN} to {CONFIG_INT_MAX}")
         if tp is float and isinstance(value, int):
             value = float(value)
         kwargs[name] = value

@@ -189,8 +189,9 @@ def _check_record(obj: Any, max_chars: int) -> str:
             if not isinstance(v, GEN_FIELDS[k]) or isinstance(v, bool):
                 return f"generation field {k!r} must be {GEN_TYPE_NAMES[k]}"
             # The lists' items too: a wrong item would raise deep in the store instead of naming this line.
-            if k in ("prompt_ids", "response_ids") and not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-                return f"generation field {k!r} must be a list of integers (token ids)"
+            if k in ("prompt_ids", "response_ids") and not all(isinstance(x, int) and not isinstance(x, bool)
+                                                                and 0 <= x < 2**31 for x in v):
+                return f"generation field {k!r} must be a list of token ids (whole numbers from 0 to {2**31 - 1})"
             if k == "response_logprobs" and not all(isinstance(x, (int, float)) and not isinstance(x, bool)
                                                     and math.isfinite(x) for x in v):
                 return f"generation field {k!r} must be a list of finite numbers"

@@ -580,6 +580,7 @@ def sweep_stale_temp_dirs() -> int:
 # ---------------------------------------------------------------------------------------------
 
 _PYTEST = ["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--color=no"]
+_PYTEST_TIME = re.compile(r" in \d+(?:\.\d+)?s(?: \(\d+:\d+:\d+\))?")
 
 
 class LocalTasks:
@@ -668,7 +669,9 @@ class SweEnv:
         self.ws = Workspace(work)
         self.turns, self.done = 0, False
         obs = f"Issue:\n{self.task}\n\nRepository files:\n{_clip(self.ws.ls('.'))}\n\n{ACTION_FORMAT}"
-        return obs, self._info(False) | meta
+        # An env whose submit outlasts the pool's step limit (the SWE-bench harness) says how long a step may take.
+        budget = getattr(self.source, "step_budget_s", None)
+        return obs, self._info(False) | meta | ({"step_budget_s": budget} if budget else {})
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self.ws is None:
@@ -749,6 +752,8 @@ class SweEnv:
         if not (self.ws.root / "tests").is_dir():
             raise CommandError("this repository has no tests/ folder")
         res = self.sandbox.run([self.sandbox.python, *_PYTEST, "tests"], self.ws.root, self.test_timeout)
+        # pytest's "in 0.12s": the same tree gives the same observation (the env pool replays episodes by it)
+        res.output = _PYTEST_TIME.sub("", res.output)
         return self._report(res, "tests", self.test_timeout)
 
     def _report(self, res: RunResult, what: str, limit: float) -> str:
@@ -909,7 +914,11 @@ class BenchInstances:
         self.repos_dir = Path(repos_dir) if repos_dir else None
         self.model_name = model_name
         self.dataset_split = dataset_split
+        if not 0 < harness_timeout <= 24 * 3600:
+            raise EnvError(f"swe/bench: harness_timeout {harness_timeout:g} s must be within (0, 86400]")
         self.harness_timeout = harness_timeout
+        # submit's limit for the env pool (reset info): the harness's own, plus the patch diff and the clean-up
+        self.step_budget_s = harness_timeout + 120 + HARNESS_CLEANUP_S + 60  # + git diff, container removal, margin
         self.instance: dict | None = None
 
     def pick(self, seed: int, options: dict[str, Any]) -> dict:
@@ -926,7 +935,12 @@ class BenchInstances:
         source = str(local) if local and local.is_dir() else f"https://github.com/{inst['repo']}.git"
         for argv in (["git", "clone", "--quiet", source, str(work)],
                      ["git", "-C", str(work), "checkout", "--quiet", inst["base_commit"]]):
-            res = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
+            try:
+                # inside the pool's reset limit (60 s): a local clone (repos_dir) takes seconds, a network one may not
+                res = subprocess.run(argv, capture_output=True, text=True, timeout=CLONE_TIMEOUT_S)
+            except subprocess.TimeoutExpired as e:
+                raise EnvError(f"`{' '.join(argv)}` took over {CLONE_TIMEOUT_S:g} s (the env pool's reset limit); "
+                               f"give repos_dir with a local clone of {inst['repo']}") from e
             if res.returncode != 0:
                 raise EnvError(f"`{' '.join(argv)}` failed: {res.stderr.strip()[-300:]}; "
                                f"give repos_dir with a clone of {inst['repo']} or allow access to GitHub")
@@ -959,12 +973,55 @@ class BenchInstances:
         run_id = f"comprl_{uuid.uuid4().hex[:8]}"
         eval_dir = scratch / "eval"
         dataset, preds = self.prediction_files(patch, eval_dir)
+        # Its own session and, where one can be made, its own cgroup (the whole tree is killed on timeout, setsid
+        # or not; no caps: it is the harness, not agent code); dead with the env worker if that is killed first
+        # (PR_SET_PDEATHSIG). The Docker containers it started for this run id are removed on timeout.
+        caps = TreeCaps.detect()
+        group = caps.group(memory_mb=1 << 20, max_procs=1 << 16) if caps else None
+
+        def setup() -> None:
+            set_parent_death_signal()
+            if group is not None:
+                group.join()
+
         try:
-            res = subprocess.run(self.harness_argv(dataset, preds, run_id), cwd=eval_dir, capture_output=True,
-                                 text=True, timeout=self.harness_timeout)
-        except subprocess.TimeoutExpired:
-            return False, f"the SWE-bench harness did not finish within {self.harness_timeout:g}s"
-        return read_harness_verdict(eval_dir, run_id, self.instance["instance_id"]), (res.stdout + res.stderr)[-3000:]
+            proc = subprocess.Popen(self.harness_argv(dataset, preds, run_id), cwd=eval_dir, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                    preexec_fn=setup)
+            try:
+                out, _ = proc.communicate(timeout=self.harness_timeout)
+            except subprocess.TimeoutExpired:
+                if group is not None:
+                    group.kill()
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+                remove_harness_containers(run_id)
+                return False, f"the SWE-bench harness did not finish within {self.harness_timeout:g}s (killed)"
+        finally:
+            if group is not None:
+                group.close()
+        text = out.decode("utf-8", "replace")
+        return read_harness_verdict(eval_dir, run_id, self.instance["instance_id"]), text[-3000:]
+
+
+CLONE_TIMEOUT_S = 50.0  # a swe/bench reset's git clone + checkout, inside the env pool's 60 s reset limit
+HARNESS_CLEANUP_S = 60.0
+
+
+def remove_harness_containers(run_id: str) -> int:
+    """`docker rm -f` the containers the harness started for `run_id` (it names them sweb.eval.<instance>.<run_id>);
+    how many. Nothing to do without a docker CLI."""
+    docker = shutil.which("docker")
+    if docker is None:
+        return 0
+    try:
+        ids = subprocess.run([docker, "ps", "-aq", "--filter", f"name={run_id}"], capture_output=True, text=True,
+                             timeout=HARNESS_CLEANUP_S / 2).stdout.split()
+        if ids:
+            subprocess.run([docker, "rm", "-f", *ids], capture_output=True, timeout=HARNESS_CLEANUP_S / 2)
+        return len(ids)
+    except (OSError, subprocess.SubprocessError):
+        return 0
 
 
 def read_harness_verdict(eval_dir: Path, run_id: str, instance_id: str) -> bool:

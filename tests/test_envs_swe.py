@@ -479,3 +479,54 @@ def test_a_killed_worker_takes_its_running_tree_with_it(tmp_path):
     while subprocess.run(["pgrep", "-f", marker], capture_output=True).stdout and time.monotonic() < deadline:
         time.sleep(0.1)
     assert subprocess.run(["pgrep", "-f", marker], capture_output=True).stdout == b""
+
+
+def swe_local_fast():
+    return make_swe_local(command_timeout=5)
+
+
+def test_one_worker_pool_a_hung_swe_episode_fails_alone():
+    """run.threads: 1 gives the pool one worker for every SWE episode. An episode that hangs its worker (here a
+    catastrophic regex in `grep`, which runs in the worker, not the sandbox) fails alone: the others are replayed."""
+    from envs.pool import EnvPool
+
+    with EnvPool([swe_local_fast] * 3, num_workers=1, step_timeout_s=8.0) as pool:
+        starts = pool.reset_many([(s, s, None) for s in range(3)])
+        assert all(r.error is None for r in starts)
+        first = pool.step_many([(s, "write probe.txt\n" + "a" * 40 + "b") for s in range(3)])
+        assert all(r.error is None for r in first)
+        tested = pool.step_many([(0, "run_tests"), (2, "run_tests")])  # outputs with pytest's timings, replayed too
+        assert all(r.error is None for r in tested)
+        t0 = time.monotonic()
+        out = pool.step_many([(0, "cat probe.txt"), (1, "grep (a+)+$ probe.txt"), (2, "cat probe.txt")])
+        assert time.monotonic() - t0 < 60
+        assert "no answer within 8 s" in out[1].error
+        assert [r.error for r in (out[0], out[2])] == [None, None] and "aaaa" in out[0].obs, (out[0].error, out[2].error)
+        assert pool.replays == 2
+        done = pool.step_many([(0, "submit"), (2, "submit")])  # the replayed episodes finish normally
+        assert all(r.terminated and r.error is None for r in done)
+
+
+def test_swe_bench_harness_timeout_kills_its_whole_tree(tmp_path, monkeypatch):
+    """The harness runs in its own session under harness_timeout and its step budget reaches the pool; on timeout
+    its whole tree goes (here a stand-in command with a setsid grandchild, since Docker is not available)."""
+    jl = tmp_path / "a.jsonl"
+    jl.write_text(json.dumps(INSTANCE) + "\n")
+    src = BenchInstances(jl, harness_timeout=2.0)
+    assert src.step_budget_s > src.harness_timeout
+    src.instance = src.pick(0, {})
+    marker = f"comprl-harness-probe-{os.getpid()}"
+    monkeypatch.setattr(src, "harness_argv", lambda dataset, preds, run_id: [
+        "bash", "-c", f"setsid bash -c 'exec -a {marker}-grandchild sleep 100' & exec -a {marker}-main sleep 100"])
+    t0 = time.monotonic()
+    ok, why = src.evaluate_patch("diff --git a/x b/x\n", tmp_path)
+    assert not ok and "did not finish within 2s (killed)" in why and time.monotonic() - t0 < 10
+    time.sleep(0.5)
+    assert subprocess.run(["pgrep", "-f", f"{marker}-main"], capture_output=True).stdout == b""
+    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+    for pid in left:
+        os.kill(int(pid), signal.SIGKILL)
+    if TreeCaps.detect() is not None:  # the cgroup reaches the grandchild that left the session
+        assert left == []
+    with pytest.raises(EnvError, match="harness_timeout"):
+        BenchInstances(jl, harness_timeout=0)

@@ -80,7 +80,7 @@ BAD_LINES = {
     "a 5,000-digit number": ('{"text": "t", "created_step": ' + "9" * 5000 + "}", "not importable JSON"),
     "nesting 100,000 deep": ('{"text": "t", "query": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
     "generation prompt a number": ('{"text": "t", "generation": {"prompt": 5}}', "'prompt' must be a string"),
-    "generation ids of strings": ('{"text": "t", "generation": {"prompt_ids": ["a"]}}', "list of integers"),
+    "generation ids of strings": ('{"text": "t", "generation": {"prompt_ids": ["a"]}}', "list of token ids"),
     "generation logprobs nested": ('{"text": "t", "generation": {"response_logprobs": [[1]]}}', "finite numbers"),
     "generation logprobs NaN": ('{"text": "t", "generation": {"response_logprobs": [NaN]}}', "finite numbers"),
     "generation model_version huge": ('{"text": "t", "generation": {"model_version": 99999999999}}', "model_version"),
