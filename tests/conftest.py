@@ -33,6 +33,7 @@ def embedder():
 # other's rows and a crashed test leaves nothing behind on the next run's path.
 
 PG_ENV = "COMPRL_TEST_PG_URL"
+PG_REQUIRED_ENV = "COMPRL_TEST_PG_REQUIRED"  # "1" (CI: .ci/run): no reachable server fails the Postgres tests
 PG_LOCAL = ("postgresql+psycopg://root@127.0.0.1:5432/test", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 PG_HOW = (f"no Postgres server reachable: set {PG_ENV}=postgresql+psycopg://USER@HOST:PORT/DB, or run one on "
           "127.0.0.1:5432 with trust auth and a database named `test` (and `pip install \"psycopg[binary]\"`)")
@@ -59,9 +60,10 @@ def pg_base_url() -> tuple[str | None, str]:
             why = f"{PG_HOW} ({url}: {str(e).splitlines()[0]})"
         finally:
             eng.dispose()
-    if os.environ.get(PG_ENV):
+    if os.environ.get(PG_ENV) or os.environ.get(PG_REQUIRED_ENV) == "1":
         # Asked for explicitly: an unreachable server is a failure to report, not a reason to skip.
-        pytest.fail(f"{PG_ENV} is set but unusable: {why}", pytrace=False)
+        pytest.fail(f"{PG_ENV if os.environ.get(PG_ENV) else PG_REQUIRED_ENV + '=1'} is set but no Postgres is "
+                    f"usable: {why}", pytrace=False)
     return None, why
 
 

@@ -1,4 +1,8 @@
-"""`comprl train` end to end as a separate process: a short run, SIGKILL and resume, a bad config."""
+"""`comprl train` end to end as a separate process: a short run, SIGKILL and resume, a bad config.
+
+Every test that takes `db_url` runs twice: on a SQLite file and on a real Postgres server (tests/conftest.py; skipped
+with how to enable it where none is reachable). The trainer gets the URL by COMPRL_DB, as a user's would; the test
+opens its store first, so the trainer never races it to create the tables."""
 from __future__ import annotations
 
 import os
@@ -13,6 +17,7 @@ import pytest
 from core.store import ExperienceStore
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.both_backends
 
 
 @pytest.fixture(scope="module")
@@ -42,19 +47,19 @@ extractor: {{model: {{path: {models / 'extractor'}, max_new_tokens: 24}}, buffer
     return path
 
 
-def comprl(*args: str, data: Path, **kw) -> subprocess.Popen:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+def comprl(*args: str, data: Path, db: str, **kw) -> subprocess.Popen:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "COMPRL_DB": db}
     return subprocess.Popen([sys.executable, "-m", "app.cli", *args, "--data-dir", str(data)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["overlapped", "deterministic"])
-def test_two_step_run_end_to_end(tmp_path, models, deterministic):
+def test_two_step_run_end_to_end(tmp_path, db_url, models, deterministic):
     cfg = write_config(tmp_path / "c.yaml", models, deterministic=deterministic)
-    p = comprl("train", str(cfg), data=tmp_path / "data")
+    p = comprl("train", str(cfg), data=tmp_path / "data", db=db_url)
     out, _ = p.communicate(timeout=600)
     assert p.returncode == 0, out
-    store = ExperienceStore(f"sqlite:///{tmp_path / 'data' / 'workbench.db'}")
+    store = ExperienceStore(db_url)
     run = store.list_runs()[0]
     assert run["status"] == "finished" and run["step"] == 2 and "hf (transformers)" in run["backend"]
     m = store.latest_metrics(run["id"])
@@ -71,7 +76,7 @@ def test_two_step_run_end_to_end(tmp_path, models, deterministic):
     assert (latest / "policy" / "config.json").exists() and (latest / "extractor" / "config.json").exists()
     assert (latest / "state.pt").exists()
     # a fork is a new run that starts from the parent's checkpoint
-    f = comprl("train", "--fork", str(run["id"]), "--max-steps", "3", data=tmp_path / "data")
+    f = comprl("train", "--fork", str(run["id"]), "--max-steps", "3", data=tmp_path / "data", db=db_url)
     out, _ = f.communicate(timeout=600)
     assert f.returncode == 0, out
     assert "forked from step 2" in out
@@ -80,41 +85,37 @@ def test_two_step_run_end_to_end(tmp_path, models, deterministic):
     assert store.get_run(run["id"])["step"] == 2  # the parent is untouched
 
 
-def test_the_last_step_is_evaluated_once(tmp_path, models):
+def test_the_last_step_is_evaluated_once(tmp_path, db_url, models):
     """eval_every dividing max_steps: the periodic evaluation at the last step is the final one (not played twice)."""
     cfg = write_config(tmp_path / "c.yaml", models, variant="grpo")
-    p = comprl("train", str(cfg), "--set", "run.eval_every=1", "--set", "run.eval_at_start=true", data=tmp_path / "data")
+    p = comprl("train", str(cfg), "--set", "run.eval_every=1", "--set", "run.eval_at_start=true", data=tmp_path / "data", db=db_url)
     out, _ = p.communicate(timeout=600)
     assert p.returncode == 0, out
-    store = ExperienceStore(f"sqlite:///{tmp_path / 'data' / 'workbench.db'}")
+    store = ExperienceStore(db_url)
     rows = store.metrics_since(store.list_runs()[0]["id"], ["eval/success_without_exp"])
     assert [s for _, _, s, _, _ in rows] == [0, 1, 2]
 
 
-def test_bad_config_stops_before_any_work(tmp_path, models):
+def test_bad_config_stops_before_any_work(tmp_path, db_url, models):
     bad = write_config(tmp_path / "bad.yaml", models, extra="loss: {ratio_level: per-word}")
-    p = comprl("train", str(bad), data=tmp_path / "data")
+    p = comprl("train", str(bad), data=tmp_path / "data", db=db_url)
     out, _ = p.communicate(timeout=120)
     assert p.returncode == 2
     assert "loss.ratio_level" in out and "Traceback" not in out
-    assert not (tmp_path / "data" / "workbench.db").exists() or not ExperienceStore(
-        f"sqlite:///{tmp_path / 'data' / 'workbench.db'}").list_runs()
+    assert not ExperienceStore(db_url).list_runs()
 
 
-def test_sigkill_then_resume_loses_nothing(tmp_path, models):
+def test_sigkill_then_resume_loses_nothing(tmp_path, db_url, models):
     data = tmp_path / "data"
     cfg = write_config(tmp_path / "c.yaml", models, variant="grpo", steps=5)
-    p = comprl("train", str(cfg), data=data, start_new_session=True)
-    store = None
+    store = ExperienceStore(db_url)
+    p = comprl("train", str(cfg), data=data, db=db_url, start_new_session=True)
     deadline = time.time() + 400
     while time.time() < deadline:
         time.sleep(0.5)
-        db = data / "workbench.db"
-        if db.exists():
-            store = store or ExperienceStore(f"sqlite:///{db}")
-            runs = store.list_runs()
-            if runs and runs[0]["step"] >= 2 and (data / "runs" / str(runs[0]["id"]) / "checkpoints" / "latest").exists():
-                break
+        runs = store.list_runs()
+        if runs and runs[0]["step"] >= 2 and (data / "runs" / str(runs[0]["id"]) / "checkpoints" / "latest").exists():
+            break
     else:
         p.kill()
         pytest.fail("the run never reached step 2")
@@ -124,7 +125,7 @@ def test_sigkill_then_resume_loses_nothing(tmp_path, models):
     killed_at = store.get_run(run_id)["step"]
     store.add_entry("a person's entry written while the run was dead", env="minihack/Room-5x5", actor="human")
     entries_before = store.count(status=None)
-    r = comprl("train", "--resume", str(run_id), data=data)
+    r = comprl("train", "--resume", str(run_id), data=data, db=db_url)
     out, _ = r.communicate(timeout=600)
     assert r.returncode == 0, out
     assert "resumed from" in out
@@ -135,19 +136,17 @@ def test_sigkill_then_resume_loses_nothing(tmp_path, models):
     assert store.count(status=None) >= entries_before  # no experience entry lost
 
 
-def test_pause_resume_stop_commands(tmp_path, models):
+def test_pause_resume_stop_commands(tmp_path, db_url, models):
     data = tmp_path / "data"
     cfg = write_config(tmp_path / "c.yaml", models, variant="grpo", steps=50)
-    p = comprl("train", str(cfg), data=data)
+    store = ExperienceStore(db_url)
+    p = comprl("train", str(cfg), data=data, db=db_url)
     deadline = time.time() + 300
-    store = None
     while time.time() < deadline:
         time.sleep(0.5)
-        if (data / "workbench.db").exists():
-            store = store or ExperienceStore(f"sqlite:///{data / 'workbench.db'}")
-            runs = store.list_runs()
-            if runs and runs[0]["step"] >= 1:
-                break
+        runs = store.list_runs()
+        if runs and runs[0]["step"] >= 1:
+            break
     run_id = store.list_runs()[0]["id"]
     store.send_command(run_id, "pause")
     t0 = time.time()
@@ -166,18 +165,18 @@ def test_pause_resume_stop_commands(tmp_path, models):
     assert (Path(run["checkpoint_dir"]) / "latest").exists()  # a graceful stop writes a checkpoint
 
 
-def test_eval_command_logs_checkpoints_at_their_step_and_never_a_foreign_model(tmp_path, models):
+def test_eval_command_logs_checkpoints_at_their_step_and_never_a_foreign_model(tmp_path, db_url, models):
     """`comprl eval RUN_ID` logs greedy and sampled eval/* metrics at the checkpoint's step; evaluating
     another model folder (the starting policy) prints its table and leaves the run's curves alone."""
     cfg = write_config(tmp_path / "c.yaml", models, variant="grpo", steps=1, deterministic=True)
-    p = comprl("train", str(cfg), data=tmp_path / "data")
+    p = comprl("train", str(cfg), data=tmp_path / "data", db=db_url)
     out, _ = p.communicate(timeout=600)
     assert p.returncode == 0, out
-    store = ExperienceStore(f"sqlite:///{tmp_path / 'data' / 'workbench.db'}")
+    store = ExperienceStore(db_url)
     rid = store.list_runs()[0]["id"]
     keys = ["eval/success_without_exp", "eval/success_without_exp_sampled"]
     before = store.metrics_since(rid, keys)
-    e = comprl("eval", str(rid), "--episodes", "3", data=tmp_path / "data")
+    e = comprl("eval", str(rid), "--episodes", "3", data=tmp_path / "data", db=db_url)
     out, _ = e.communicate(timeout=600)
     assert e.returncode == 0, out
     assert "without_exp_sampled | 3 |" in out and f"logged as eval/* metrics of run {rid} at step 1" in out
@@ -186,28 +185,28 @@ def test_eval_command_logs_checkpoints_at_their_step_and_never_a_foreign_model(t
     assert {(k, s) for _, k, s, _, _ in before} == {(k, 1) for k in keys}
     assert sorted((k, s) for _, k, s, _, _ in after) == sorted((k, 1) for k in keys)
     assert max(t for *_, t in after) > max(t for *_, t in before)  # the stored values are the new evaluation's
-    e = comprl("eval", str(rid), "--episodes", "3", "--checkpoint", str(models / "policy"), data=tmp_path / "data")
+    e = comprl("eval", str(rid), "--episodes", "3", "--checkpoint", str(models / "policy"), data=tmp_path / "data", db=db_url)
     out, _ = e.communicate(timeout=600)
     assert e.returncode == 0, out
     assert "not logged" in out and len(store.metrics_since(rid, keys)) == len(after)
-    e = comprl("eval", str(rid), "--episodes", "3", "--no-log", data=tmp_path / "data")
+    e = comprl("eval", str(rid), "--episodes", "3", "--no-log", data=tmp_path / "data", db=db_url)
     out, _ = e.communicate(timeout=600)
     assert e.returncode == 0, out
     assert "not logged: --no-log" in out and len(store.metrics_since(rid, keys)) == len(after)
 
 
-def test_a_missing_model_folder_is_refused_before_any_running_row(tmp_path, models):
+def test_a_missing_model_folder_is_refused_before_any_running_row(tmp_path, db_url, models):
     cfg = write_config(tmp_path / "c.yaml", models, variant="grpo")
     cfg.write_text(cfg.read_text().replace(str(models / "policy"), str(tmp_path / "no-such-model")))
-    p = comprl("train", str(cfg), data=tmp_path / "data")
+    p = comprl("train", str(cfg), data=tmp_path / "data", db=db_url)
     out, _ = p.communicate(timeout=120)
     assert p.returncode == 2 and "Traceback" not in out, out
     assert out.strip().splitlines()[-1].startswith("comprl: error: actor.path:") and "does not exist" in out
-    store = ExperienceStore(f"sqlite:///{tmp_path / 'data' / 'workbench.db'}")
+    store = ExperienceStore(db_url)
     assert store.list_runs() == []
     # a row the workbench made before starting the trainer is marked failed, with the reason
     rid = store.create_run("from the workbench", status="created")
-    p = comprl("train", str(cfg), "--run-id", str(rid), data=tmp_path / "data")
+    p = comprl("train", str(cfg), "--run-id", str(rid), data=tmp_path / "data", db=db_url)
     out, _ = p.communicate(timeout=120)
     assert p.returncode == 2, out
     row = store.get_run(rid)
@@ -231,7 +230,7 @@ def test_partial_checkpoints_are_cleaned_and_a_moved_aside_step_is_restored(tmp_
 
 
 @pytest.mark.slow
-def test_random_sigkills_every_resume_finishes_nothing_lost_nothing_doubled(tmp_path, models):
+def test_random_sigkills_every_resume_finishes_nothing_lost_nothing_doubled(tmp_path, db_url, models):
     """The reliability figure: a short complementary run SIGKILLed at N random moments (rollouts, learner,
     extractor, merge, checkpoint writes), each time found dead and resumed. Then: it finishes, every step's
     metrics and episodes are stored exactly once, no entry seen before a kill is gone, no temp folder is left."""
@@ -241,12 +240,12 @@ def test_random_sigkills_every_resume_finishes_nothing_lost_nothing_doubled(tmp_
     n_kills, steps = 5, 24  # a step of this tiny run takes well under a second: kills are placed by step, below
     data = tmp_path / "data"
     cfg = write_config(tmp_path / "c.yaml", models, steps=steps)
-    store, run_id, kills, entries_seen, closing = None, None, 0, set(), False
+    store, run_id, kills, entries_seen, closing = ExperienceStore(db_url), None, 0, set(), False
 
     def start(*args: str) -> subprocess.Popen:
         log = (tmp_path / f"attempt{kills}.log").open("w")  # a file, not a pipe nobody reads while we wait
         return subprocess.Popen([sys.executable, "-m", "app.cli", "train", *args, "--data-dir", str(data)], cwd=ROOT,
-                                env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, "HF_HUB_OFFLINE": "1", "COMPRL_DB": db_url}, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
 
     killed_at = []  # (step the row showed, newest checkpoint) at each kill
@@ -261,9 +260,8 @@ def test_random_sigkills_every_resume_finishes_nothing_lost_nothing_doubled(tmp_
         first_step = None
         while p.poll() is None and time.time() < deadline:
             time.sleep(0.05)
-            if "actor back end" not in log.read_text(errors="replace") or not (data / "workbench.db").exists():
+            if "actor back end" not in log.read_text(errors="replace"):
                 continue
-            store = store or ExperienceStore(f"sqlite:///{data / 'workbench.db'}")
             runs = store.list_runs()
             if not runs or runs[0]["pid"] != p.pid or runs[0]["status"] != "running":
                 continue
@@ -299,16 +297,24 @@ def test_random_sigkills_every_resume_finishes_nothing_lost_nothing_doubled(tmp_
     per_step = {s: sum(t["step"] == s for t in episodes) for s in range(1, steps + 1)}
     lost = entries_seen - {e.id for e in store.list_entries(status=None, limit=10**6).entries}
     temp = [q.name for q in Path(run["checkpoint_dir"]).iterdir() if q.name.startswith(".")]
+    # entry outcomes (entry_usage) credited by this run: one per (entry, stored episode), none from a dropped one
+    usage = [(i, u["episode_id"], u["step"]) for i in entries_seen for u in store.usage(i, limit=10**6)
+             if u["run_id"] == run_id]
+    kept = {t["id"] for t in episodes}
+    orphan_outcomes = [u for u in usage if u[1] not in kept]
+    doubled_outcomes = len(usage) - len({(i, e) for i, e, _ in usage})
     print(f"\nkills survived/tried {kills}/{kills}; duplicated metric points {duplicated}; "
           f"episodes per step {per_step}; entries lost {len(lost)} of {len(entries_seen)}; temp folders {temp}; "
+          f"entry outcomes {len(usage)} (of dropped episodes {len(orphan_outcomes)}, doubled {doubled_outcomes}); "
           f"killed at (step, checkpoint) {killed_at}")
     assert kills == n_kills and len({s for s, _ in killed_at}) >= 3  # every kill landed, at different points of the run
     assert duplicated == 0 and not lost and temp == []
+    assert usage and not orphan_outcomes and doubled_outcomes == 0
     assert per_step == {s: 4 for s in range(1, steps + 1)}  # tasks_per_step 1 x group_size 4, each stored once
     assert {s for k, s in points if k == "policy/success_without_exp"} == set(range(1, steps + 1))
 
 
-def test_sigterm_stops_after_the_step_and_a_second_one_at_once(tmp_path, models):
+def test_sigterm_stops_after_the_step_and_a_second_one_at_once(tmp_path, db_url, models):
     """SIGTERM is honoured in every phase: the first ends the run after the step in flight, with a checkpoint; a second
     (a step can take minutes on a CPU) ends it at once. Either way the row says stopped, never running."""
     data = tmp_path / "data"
@@ -317,18 +323,15 @@ def test_sigterm_stops_after_the_step_and_a_second_one_at_once(tmp_path, models)
     # graceful stop that the first already completed.
     text = cfg.read_text().replace("tasks_per_step: 1, group_size: 4", "tasks_per_step: 16, group_size: 8")
     cfg.write_text(text.replace("max_turns: 3}", "max_turns: 30}"))
-    p = comprl("train", str(cfg), data=data, start_new_session=True)
-    store = None
+    store = ExperienceStore(db_url)
+    p = comprl("train", str(cfg), data=data, db=db_url, start_new_session=True)
     try:
         deadline = time.time() + 600
         while time.time() < deadline:  # the condition: the loop is running (a first step logged)
             time.sleep(0.5)
-            db = data / "workbench.db"
-            if db.exists():
-                store = store or ExperienceStore(f"sqlite:///{db}")
-                runs = store.list_runs()
-                if runs and runs[0]["step"] >= 1:
-                    break
+            runs = store.list_runs()
+            if runs and runs[0]["step"] >= 1:
+                break
             assert p.poll() is None, p.stdout.read()
         else:
             pytest.fail("the run never logged a step")
