@@ -176,9 +176,7 @@ def _config_mutations(base: dict) -> list[tuple[str, str]]:
     return out
 
 
-def test_config_mutations(tmp_path, db_backend):
-    if db_backend != "sqlite":
-        pytest.skip("configs do not touch the store: counted once")
+def test_config_mutations(tmp_path):
     from core.config import ConfigError
     from trainers.config import load_run_config
 
@@ -259,9 +257,7 @@ def _random_texts(rng: random.Random, n: int) -> list[str]:
     return out
 
 
-def test_env_action_mutations(db_backend):
-    if db_backend != "sqlite":
-        pytest.skip("env actions do not touch the store: counted once")
+def test_env_action_mutations():
     from envs.registry import make_env
 
     rng = random.Random(26)
@@ -285,9 +281,7 @@ def test_env_action_mutations(db_backend):
     _report("env action", outcomes)
 
 
-def test_model_answer_mutations(db_backend):
-    if db_backend != "sqlite":
-        pytest.skip("model answers do not touch the store: counted once")
+def test_model_answer_mutations():
     from core.types import Experience
     from trainers.parsing import parse_action, parse_extraction, parse_merge_answer, parse_rewrite
 

@@ -674,7 +674,7 @@ def test_malformed_ids_versions_and_counts_are_messages_and_change_nothing(wb):
                 handled += 1
             else:
                 print("no message:", name, repr(v)[:24], [t[:80] for t in texts])
-    print(f"\nworkbench: malformed numbers handled {handled}/{tried}")
+    print(f"\nworkbench ({wb.store.url.split(':')[0].split('+')[0]}): malformed numbers handled {handled}/{tried}")
     assert handled == tried
     after = (wb.store.library_version(), wb.store.get(eid).version, len(wb.store.list_runs()), wb.store.get_run(rid)["status"])
     assert after == before
