@@ -150,18 +150,15 @@ def _uid_can_run(uid: int, exe: str, plan: MountPlan | None = None) -> bool:
 
 
 @functools.lru_cache(maxsize=4)
-def _interpreter_plan(exe: str) -> MountPlan | None:
-    """As root: the mount plan under which the sandbox user can run `exe` (empty if it already can), or None if
-    there is none (then agent code is refused, never run as root: see Sandbox)."""
-    if _uid_can_run(SANDBOX_UID, exe):
-        plan = MountPlan()
-    else:
-        plan = MountPlan.for_interpreter(exe)
-        if not plan.covers:
-            return None
-    # The plan with private scratch folders must work too (a namespace is made for every run).
-    plan_here = plan.with_scratch([])
-    return plan if _uid_can_run(SANDBOX_UID, exe, plan_here) else None
+def _interpreter_plan(exe: str) -> tuple[bool, MountPlan | None]:
+    """As root: (whether the sandbox user can run `exe` at all, the mount plan of its runs or None for no private
+    namespace). Runs get a namespace with private scratch folders wherever one can be made (and, if the user cannot
+    reach `exe` as things are, the interpreter exposed in it); (False, None): agent code is refused, never root."""
+    plain = _uid_can_run(SANDBOX_UID, exe)
+    plan = MountPlan() if plain else MountPlan.for_interpreter(exe)
+    if (plain or plan.covers) and _uid_can_run(SANDBOX_UID, exe, plan.with_scratch([])):
+        return True, plan
+    return plain, None  # reachable, but no mount namespace here (no CAP_SYS_ADMIN): the shared /tmp stays
 
 
 class SandboxUnavailable(EnvError):
@@ -198,16 +195,17 @@ class Sandbox:
         self.uid: int | None = None
         self.mounts: MountPlan | None = None
         if os.geteuid() == 0:
-            self.mounts = _interpreter_plan(self.python)
-            if self.mounts is None:
+            usable, self.mounts = _interpreter_plan(self.python)
+            if not usable:
                 raise SandboxUnavailable(
                     f"SWE sandbox: agent code would run as root: uid {SANDBOX_UID} (nobody) cannot run {self.python}, "
                     "and no private mount namespace can be made here to expose it (needs CAP_SYS_ADMIN). Install "
                     "the interpreter where others may read it (e.g. /usr/local or /opt) or make the folders on its "
                     "way searchable (chmod o+x), or run the env as an unprivileged user.")
             self.uid = SANDBOX_UID
-        self.fs_isolation = ("private /tmp, /var/tmp, /dev/shm" + (", interpreter exposed read-only"
-                             if self.mounts and self.mounts.covers else "")) if self.uid is not None else "none"
+        self.fs_isolation = ("none: no mount namespace here (the shared /tmp is writable)" if self.mounts is None else
+                             "private /tmp, /var/tmp, /dev/shm" + (", interpreter exposed read-only"
+                                                                    if self.mounts.covers else ""))
         sweep_stale_temp_dirs()
         sweep_stale_groups()
         self._guard_dir = Path(tempfile.mkdtemp(prefix=f"swe_guard_{os.getpid()}_"))

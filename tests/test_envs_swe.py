@@ -250,12 +250,13 @@ def test_setsid_grandchild_dies_with_its_script_and_does_not_hold_the_step(tmp_p
     try:
         e.reset(seed=0)
         # the grandchild leaves the script's session and process group, keeps stdout open, and sleeps
+        marker = f"comprl-setsid-probe-{os.getpid()}"  # a name no other process on this shared machine has
         obs, took = _script(e, "escape.py", "import subprocess, sys\n"
-                            f"p = subprocess.Popen(['setsid', 'sh', '-c', 'echo $$ > {pidfile}; exec sleep 120'])\n"
+                            f"p = subprocess.Popen(['setsid', 'bash', '-c', 'echo $$ > {pidfile}; exec -a {marker} sleep 120'])\n"
                             "import time; time.sleep(1); print('parent done')")
         assert "parent done" in obs and took < 9  # the step did not wait for the grandchild
         # it ran in the namespace; whatever pid it wrote there, no process of the host is sleeping for it
-        assert subprocess.run(["pgrep", "-f", "exec sleep 120|^sleep 120"], capture_output=True).stdout == b""
+        assert subprocess.run(["pgrep", "-f", marker], capture_output=True).stdout == b""
     finally:
         e.close()
 
@@ -265,12 +266,13 @@ def test_timeout_kills_a_setsid_tree_within_the_limit():
     e = make_swe_local(command_timeout=2.0)
     try:
         e.reset(seed=0)
+        marker = f"comprl-spin-probe-{os.getpid()}"
         obs, took = _script(e, "spin.py", "import subprocess\n"
-                            "subprocess.Popen(['setsid', 'python3', '-c', 'while True: pass'])\n"
+                            f"subprocess.Popen(['setsid', 'python3', '-c', 'while True: pass  # {marker}'])\n"
                             "while True:\n    pass")
         assert "killed after the time limit" in obs and took < 6
         time.sleep(0.5)
-        assert subprocess.run(["pgrep", "-f", "while True: pass"], capture_output=True).stdout == b""
+        assert subprocess.run(["pgrep", "-f", marker], capture_output=True).stdout == b""
     finally:
         e.close()
 
@@ -387,9 +389,16 @@ def test_refuses_to_start_where_agent_code_would_run_as_root(monkeypatch):
     import envs.swe as swe
 
     monkeypatch.setattr(swe.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(swe, "_interpreter_plan", lambda exe: None)
+    monkeypatch.setattr(swe, "_interpreter_plan", lambda exe: (False, None))
     with pytest.raises(swe.SandboxUnavailable, match="agent code would run as root.*chmod o\\+x"):
         swe.Sandbox(python="/nowhere/python3")
+    # reachable by nobody, but no mount namespace here (root without CAP_SYS_ADMIN, e.g. Docker): nobody, no mounts
+    monkeypatch.setattr(swe, "_interpreter_plan", lambda exe: (True, None))
+    sb = swe.Sandbox(python="/usr/bin/python3")
+    try:
+        assert sb.uid == 65534 and sb.mounts is None and sb.fs_isolation.startswith("none")
+    finally:
+        sb.close()
 
 
 @AS_NOBODY
