@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	# this 2-core machine under load, once; pip's wheel cache serves it after that. Portable CPU flags: a
 	# -march=native build (AMX, AVX-512) crashed on every multi-token prompt here.
 	CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AMX=OFF -DGGML_AVX512=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
-	  $(BIN)/pip install -q -e ".[dev,real]"
+	  $(BIN)/pip install -q -e ".[dev,real,ray]"
 	touch $(STAMP)
 
 run: setup

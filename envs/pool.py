@@ -75,8 +75,50 @@ def _build(spec: EnvSpec) -> TextEnv:
     return spec()
 
 
+def serve_command(envs: dict[int, TextEnv], specs: dict[int, EnvSpec], cmd: str, slot: int, arg: Any) -> SlotResult:
+    """One reset / step / expert command on one slot of a worker's envs (built lazily). An env's exception ends
+    only that slot's episode: its env is closed and rebuilt on the next reset. The process pool's workers and
+    the Ray env actors (trainers/ray_exec.py) both serve commands through this."""
+    try:
+        if cmd == "reset":
+            if slot not in envs:
+                envs[slot] = _build(specs[slot])
+            env = envs[slot]
+            seed, options = arg
+            obs, info = env.reset(seed=seed, options=options)
+            return SlotResult(slot, obs, info=info, task=env.task, action_format=env.action_format,
+                              max_turns=env.max_turns, name=env.name, keep_intro=keeps_intro(env))
+        if cmd == "step":
+            if slot not in envs:
+                raise RuntimeError("step before reset")
+            obs, reward, terminated, truncated, info = envs[slot].step(arg)
+            return SlotResult(slot, obs, float(reward), bool(terminated), bool(truncated), info)
+        if cmd == "expert":
+            from envs.experts import expert_action
+
+            return SlotResult(slot, expert_action(envs[slot]))
+        raise ValueError(f"unknown pool command {cmd!r}")
+    except Exception as exc:  # an env bug ends that episode, not the worker
+        env = envs.pop(slot, None)
+        if env is not None:
+            try:
+                env.close()
+            except Exception:
+                pass
+        return _failure(slot, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}")
+
+
+def close_envs(envs: dict[int, TextEnv]) -> None:
+    for env in envs.values():
+        try:
+            env.close()
+        except Exception:
+            pass
+    envs.clear()
+
+
 def _worker(conn: Connection, specs: dict[int, EnvSpec]) -> None:
-    """Serve one worker's slots: build envs lazily, answer each command with one message."""
+    """Serve one worker's slots: one message answers each command."""
     envs: dict[int, TextEnv] = {}
     while True:
         try:
@@ -85,41 +127,8 @@ def _worker(conn: Connection, specs: dict[int, EnvSpec]) -> None:
             break
         if cmd == "close":
             break
-        try:
-            if cmd == "reset":
-                if slot not in envs:
-                    envs[slot] = _build(specs[slot])
-                env = envs[slot]
-                seed, options = arg
-                obs, info = env.reset(seed=seed, options=options)
-                out = SlotResult(slot, obs, info=info, task=env.task, action_format=env.action_format,
-                                 max_turns=env.max_turns, name=env.name,
-                                 keep_intro=keeps_intro(env))
-            elif cmd == "step":
-                if slot not in envs:
-                    raise RuntimeError("step before reset")
-                obs, reward, terminated, truncated, info = envs[slot].step(arg)
-                out = SlotResult(slot, obs, float(reward), bool(terminated), bool(truncated), info)
-            elif cmd == "expert":
-                from envs.experts import expert_action
-
-                out = SlotResult(slot, expert_action(envs[slot]))
-            else:
-                raise ValueError(f"unknown pool command {cmd!r}")
-        except Exception as exc:  # an env bug ends that episode, not the worker
-            env = envs.pop(slot, None)
-            if env is not None:
-                try:
-                    env.close()
-                except Exception:
-                    pass
-            out = _failure(slot, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}")
-        conn.send(out)
-    for env in envs.values():
-        try:
-            env.close()
-        except Exception:
-            pass
+        conn.send(serve_command(envs, specs, cmd, slot, arg))
+    close_envs(envs)
     conn.close()
 
 

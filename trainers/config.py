@@ -37,8 +37,13 @@ class RunSection:
     deterministic: bool = False  # True: collect then learn, distillation waited for (reproducible, for tests); False: the next
     # step's rollouts overlap this step's learning (staleness one policy version) and distillation runs behind
     threads: int = 0  # torch CPU threads (0 = torch's default)
+    # local: env workers are processes of this machine and the ExperienceManager lives in the trainer. ray: env
+    # workers are Ray actors and the manager one async Ray actor (trainers/ray_exec.py; the `ray` section says where)
+    executor: str = "local"
 
     def __post_init__(self) -> None:
+        if self.executor not in ("local", "ray"):
+            raise ConfigError(f"run.executor must be local or ray, not {self.executor!r}")
         if self.variant not in VARIANTS:
             raise ConfigError(f"run.variant must be one of {', '.join(VARIANTS)}, not {self.variant!r}")
         if self.max_steps < 1:
@@ -207,6 +212,28 @@ class ExtractorSection:
 
 
 @dataclass
+class RaySection:
+    """Where and how a run with run.executor ray places its actors (README "Past one machine")."""
+
+    address: str = ""  # "" = start a local cluster inside the trainer; "auto" or host:port = join a running cluster (`ray start --head`)
+    num_cpus: int = 0  # a local cluster's CPUs (0 = Ray's count of this machine's cores); ignored when joining a cluster
+    env_actors: int = 0  # env-worker actors, each holding a share of the slots (0 = run.threads or 2, as the local pool)
+    env_actor_cpus: float = 0.5  # CPUs Ray reserves per env actor (fractions pack several on one core)
+    manager_cpus: float = 0.5  # CPUs Ray reserves for the ExperienceManager actor
+    step_timeout_s: float = 30.0  # an env actor silent this long on a step is killed and restarted; its episodes fail
+    call_timeout_s: float = 120.0  # a manager call unanswered this long: the actor is taken as hung, restarted, the call retried
+    restart_timeout_s: float = 300.0  # how long a manager call keeps retrying while Ray restarts a dead manager actor
+
+    def __post_init__(self) -> None:
+        if self.num_cpus < 0 or self.env_actors < 0:
+            raise ConfigError("ray.num_cpus and ray.env_actors must be >= 0 (0 = the default)")
+        if self.env_actor_cpus < 0 or self.manager_cpus < 0:
+            raise ConfigError("ray.env_actor_cpus and ray.manager_cpus must be >= 0")
+        if self.step_timeout_s <= 0 or self.call_timeout_s <= 0 or self.restart_timeout_s <= 0:
+            raise ConfigError("ray.step_timeout_s, ray.call_timeout_s and ray.restart_timeout_s must be > 0")
+
+
+@dataclass
 class RunConfig:
     run: RunSection = field(default_factory=RunSection)
     env: EnvSection = field(default_factory=EnvSection)
@@ -215,8 +242,14 @@ class RunConfig:
     loss: LossSection = field(default_factory=LossSection)
     extractor: ExtractorSection = field(default_factory=ExtractorSection)
     library: LibraryConfig = field(default_factory=LibraryConfig)
+    ray: RaySection = field(default_factory=RaySection)
 
     def __post_init__(self) -> None:
+        if self.run.executor == "ray":
+            import importlib.util
+
+            if importlib.util.find_spec("ray") is None:
+                raise ConfigError("run.executor ray needs Ray: pip install -e '.[ray]' (or set run.executor: local)")
         # A config never silently means something else: what would be ignored or changed is refused.
         if self.rollout.with_experience is None:
             self.rollout.with_experience = 0 if self.run.variant == "grpo" else self.rollout.group_size // 2
@@ -257,7 +290,7 @@ def load_run_config(source: str | os.PathLike[str] | dict[str, Any], *, override
         except yaml.YAMLError as e:
             raise ConfigError(f"the config is not valid YAML: {' '.join(str(e).split())}") from None
         if not isinstance(data, dict):
-            raise ConfigError("the config must be a mapping of sections (run, env, actor, rollout, loss, extractor, library)")
+            raise ConfigError("the config must be a mapping of sections (run, env, actor, rollout, loss, extractor, library, ray)")
     if overrides:
         data = _deep_merge(data, overrides)
     return from_dict(RunConfig, data)

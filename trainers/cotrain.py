@@ -131,19 +131,32 @@ def train(ctx: RunContext) -> None:
                          str(learner.device))
     optimizer = torch.optim.AdamW(learner.trainable_parameters(), lr=cfg.actor.lr, weight_decay=cfg.actor.weight_decay)
 
+    cluster = None
+    if cfg.run.executor == "ray":  # env workers and the manager as Ray actors; the rest of the loop is the same
+        from trainers.ray_exec import RayCluster
+
+        cluster = RayCluster(cfg)
+        print(f"run {ctx.run_id}: {cluster.describe()}", flush=True)
     manager = experience = None
     if cfg.uses_experience:
-        from core.embedding import Embedder
-        from core.manager import ExperienceManager
         from trainers.extractor import ExperienceLoop
 
-        manager = ExperienceManager(ctx.store, Embedder(cfg.library.embedding), cfg.library.manager, cfg.library.index,
-                                    seed=cfg.run.seed)
+        if cluster is not None:
+            manager = cluster.manager(ctx.store.url)
+        else:
+            from core.embedding import Embedder
+            from core.manager import ExperienceManager
+
+            manager = ExperienceManager(ctx.store, Embedder(cfg.library.embedding), cfg.library.manager, cfg.library.index,
+                                        seed=cfg.run.seed)
         experience = ExperienceLoop(cfg, ctx.store, manager, data_dir=ctx.data_dir, run_id=ctx.run_id,
                                     checkpoint=ckpt)
     slots = pool_slots(cfg)
     router = SlotRouter(slots)
-    pool = EnvPool([_env_factory(n, cfg) for n in slots], num_workers=cfg.run.threads or 2)
+    factories = [_env_factory(n, cfg) for n in slots]
+    pool = cluster.env_pool(factories) if cluster is not None else EnvPool(factories, num_workers=cfg.run.threads or 2)
+    if cluster is not None:
+        print(f"run {ctx.run_id}: {cluster.placement(pool, manager)}", flush=True)
     roller = Roller(rollout_backend, pool, manager, rollout_cfg=cfg.rollout, actor_cfg=cfg.actor, max_turns=cfg.env.max_turns,
                     tool_fn=experience.tool_fn if experience is not None and cfg.rollout.search_and_ask else None,
                     seed=cfg.run.seed)
@@ -249,6 +262,8 @@ def train(ctx: RunContext) -> None:
         if audit is not None:
             audit.close()
         pool.close()
+        if cluster is not None:
+            cluster.close()
         ctx.finish(status, error)
 
 
