@@ -157,13 +157,18 @@ def first_heading(dr: int, dc: int) -> str:
 
 
 def stairs_sentence(dr: int, dc: int) -> str:
-    """'the staircase down (>) was 2 south and 1 east of your starting square; from the start, head south':
+    """'the staircase down (>) was 2 south and 0 east of your starting square; from the start, head south':
     the debrief's words, which a lesson about the level repeats (a contiguous span a small model can copy)
-    and `claimed_offset` reads back. The heading comes last: in the actor's prompt the entry ends right
-    before its answer, where a tiny model learns to copy first."""
+    and `claimed_offset` reads back. Both axes are always named (a zero as '0 south' / '0 east'), so the
+    sentence has the same shape, and the same number of tokens, for every level: a tiny extractor then
+    copies it by position (the token so many places back), which it learns in a few hundred steps, where
+    copying by content (an induction head) had not formed after 1,000. The heading comes last: in the
+    actor's prompt the entry ends right before its answer, where a tiny model learns to copy first."""
     if (dr, dc) == (0, 0):
         return "the staircase down (>) was on your starting square"
-    return f"the staircase down (>) was {_relative(dr, dc)} of your starting square; from the start, head {first_heading(dr, dc)}"
+    rows = f"{abs(dr)} {'north' if dr < 0 else 'south'}"
+    cols = f"{abs(dc)} {'west' if dc < 0 else 'east'}"
+    return f"the staircase down (>) was {rows} and {cols} of your starting square; from the start, head {first_heading(dr, dc)}"
 
 
 _OFFSET = r"(?:(\d+) (north|south)(?: and (\d+) (east|west))?|(\d+) (east|west))"

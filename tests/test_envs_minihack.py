@@ -115,3 +115,22 @@ def test_bad_task_and_options_say_what_is_wrong():
         make_minihack("Room-99x99")
     with pytest.raises(EnvError, match="unknown options"):
         make_minihack("Room-5x5", colour=True)
+
+
+def test_the_debrief_sentence_has_one_shape_and_reads_back():
+    """Both axes are always named (a zero as '0 south' / '0 east'), so every level's debrief has the same words in
+    the same places: a tiny extractor copies it by position. The checker reads every offset of a 9x9 window back."""
+    from envs.minihack import claimed_offset, first_heading, stairs_sentence
+
+    assert stairs_sentence(3, 0) == ("the staircase down (>) was 3 south and 0 east of your starting square; "
+                                     "from the start, head south")
+    assert stairs_sentence(0, -2).startswith("the staircase down (>) was 0 south and 2 west of")
+    shapes = set()
+    for dr in range(-4, 5):
+        for dc in range(-4, 5):
+            if (dr, dc) == (0, 0):
+                continue
+            s = stairs_sentence(dr, dc)
+            assert claimed_offset(s) == (dr, dc) and s.endswith(f"head {first_heading(dr, dc)}")
+            shapes.add(len(s.split()))
+    assert shapes == {19}

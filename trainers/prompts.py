@@ -46,14 +46,17 @@ EXTRACTOR_SYSTEM = (
     "You maintain a library of short lessons (experience entries) that help an agent solve tasks. "
     "Each entry has the form '## Title: ...\\n## Description: ...\\n## Content: ...'."
 )
-EXTRACTOR_USER = (
-    "Task: {task}\nOutcome: {outcome} after {num_actions} actions.\n"
-    "Previous memories shown to the agent:\n{previous}\n"
-    "Trajectory:\n{trajectory}\n"
+# The trajectory comes last: how the episode ended (a MiniHack debrief says where the staircase was) sits right
+# before the answer, which quotes it; with the instructions after it, the quote was 124 tokens back and a tiny
+# extractor copied 0 of 36 debriefs after 500 steps (docs/results.md, thirteenth round).
+EXTRACTOR_HEAD = "Task: {task}\nOutcome: {outcome} after {num_actions} actions.\nPrevious memories shown to the agent:\n{previous}\n"
+EXTRACTOR_RULES = (
     "Write at most {budget} operations. Answer as <think>your reasoning</think><answer>[...]</answer> where the list holds "
     '{{"function": "add", "new_memory": "..."}} or {{"function": "update", "idx_list": [indices of previous memories], '
-    '"updated_memory": "..."}}; an empty list [] when nothing new was learned.'
+    '"updated_memory": "..."}}; an empty list [] when nothing new was learned.\n'
 )
+EXTRACTOR_TRAJECTORY = "Trajectory:\n{trajectory}"
+EXTRACTOR_USER = EXTRACTOR_HEAD + EXTRACTOR_RULES + EXTRACTOR_TRAJECTORY
 MERGE_USER = (
     "Task: {task}\nThese library entries are numbered:\n{entries}\n"
     "Merge entries that say the same thing, discard wrong or useless ones, keep the rest. Answer as "

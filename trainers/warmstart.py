@@ -62,7 +62,7 @@ MARKER = "warmstart.json"
 # Bump when the pipeline changes in a way that should rebuild existing folders. 4: the tokenizer splits
 # as the loaded one does; ALFWorld keeps its first observation in the prompt (env.keep_intro). 5: the policy's
 # reply starts with a space (ACTION_LEAD); the dark room's teacher reads its entry's heading.
-FORMAT_VERSION = 5  # (and the extractor learns to copy first: extractor_copy_steps)
+FORMAT_VERSION = 6  # (the debrief has one shape; the think quotes it; the trajectory ends the extraction prompt)
 # The policy's demonstrated reply is " south", not "south": the byte-level tokenizer makes "south" at the start of a
 # reply a different token from the " south" that the prompt holds ("head south.", "a step south brings you closer").
 # With the models' tied embeddings, copying a token the prompt holds is close to an identity map, while "south" for
@@ -131,6 +131,7 @@ class WarmStartConfig:
     # Extractor SFT steps before the main ones on extraction prompts whose trajectory is only the final observation:
     # the debrief sentence to repeat sits close to the answer (the first 800-step build copied no offset right: 0/19).
     extractor_short_steps: int = 200
+    extractor_short_batch_size: int = 16  # its sequences are ~290 tokens, a full one ~810: 4x the batch at ~1.5x the cost
     # Extractor steps of synthetic copying before any SFT (`_copy_pretrain`): a span, a gap of varying length, the span
     # again, the loss on the repeat. A lesson repeats ~12 tokens of the debrief, and the earlier builds' extractors
     # learnt the format but copied the numbers wrong (0/19, 1/24 right). Measured, it has not helped yet: in the
@@ -232,15 +233,6 @@ class SFTExample:
     kind: str = ""  # what it teaches (condition / source / extractor task), for counts
 
 
-def _rel(dr: int, dc: int) -> str:
-    parts = []
-    if dr:
-        parts.append(f"{abs(dr)} {'south' if dr > 0 else 'north'}")
-    if dc:
-        parts.append(f"{abs(dc)} {'east' if dc > 0 else 'west'}")
-    return " and ".join(parts) if parts else "at"
-
-
 def _sign(x: int) -> int:
     return (x > 0) - (x < 0)
 
@@ -258,23 +250,17 @@ def _minihack_entry(task: str, facts: dict[str, Any], *, wrong: bool, rng: rando
                                      "Pick up the key, stand next to the locked door and apply the key, then walk in.")
         dr, dc = rng.choice(choices)
     # The form the extractor's teacher writes (_lesson), so the actor learns to read what a run's library holds.
-    return format_entry_text("Where the staircase is", f"Reaching the staircase: {_task_name(task)}", _stairs_lesson(dr, dc))
-
-
-def _task_name(task: str) -> str:
-    """'Dungeon 17' for a recurring task's text (its id says which level), else the whole task text."""
-    from envs.base import task_id_of
-
-    return task.split(":", 1)[0] if task_id_of(task) is not None else task
+    return format_entry_text("Where the staircase is", "Reaching the staircase down", _stairs_lesson(dr, dc))
 
 
 def _stairs_lesson(dr: int, dc: int) -> str:
     """The content of a MiniHack entry: the env's debrief sentence word for word (the offset and the first
-    heading; the extractor copies one span, `claimed_offset` reads it back), then what to do with it."""
+    heading; the extractor copies one span, `claimed_offset` reads it back), nothing before it: each token in front
+    puts the copy one place further from the think's quote it repeats."""
     from envs.minihack import stairs_sentence
 
     s = stairs_sentence(dr, dc)
-    return f"Once it is in view, go straight to it. {s[0].upper()}{s[1:]}."
+    return f"{s[0].upper()}{s[1:]}."
 
 
 def _named_step(env: Any) -> str:
@@ -586,7 +572,7 @@ def _lesson(demo: Demo) -> tuple[str, str]:
             reason = f"The agent failed after {len(taken)} actions without seeing the staircase; the lesson is where it is not."
         if invalid:
             content += f" Words like '{invalid[0]}' are not actions and waste a turn: use compass directions only."
-        desc = f"Reaching the staircase: {_task_name(demo.task)}"
+        desc = "Reaching the staircase down"  # the same words for every level (the store keeps the entry's task)
     else:
         obj = demo.facts.get("object", "object")
         title = f"Where to find {_a(obj)}"
@@ -607,33 +593,54 @@ def _answer(think: str, ops: list[dict[str, Any]]) -> str:
     return f"<think>{think}</think><answer>{json.dumps(ops, ensure_ascii=False)}</answer>"
 
 
+def _debrief_quote(demo: Demo) -> str:
+    """The MiniHack debrief that states where the staircase was ('Debrief: the staircase down (>) was 2 south and
+    0 east ...; from the start, head south.'), word for word from the final observation; '' when it states none."""
+    at = demo.final_observation.rfind("Debrief:")
+    if not demo.env.startswith("minihack/") or at < 0 or _claimed(demo.final_observation) is None:
+        return ""
+    return demo.final_observation[at:].strip()
+
+
 def _extractor_target(demo: Demo) -> tuple[list[dict[str, Any]], str]:
     """(ops, answer) the rule-based teacher writes for an episode: nothing new when a correct memory
     was followed cleanly to success; replace a wrong memory (or refine a right one) with the lesson;
-    else add the lesson."""
+    else add the lesson.
+
+    Where the debrief says where the staircase was, the think quotes it word for word and nothing else, and each op
+    puts its text first (`{"new_memory": ...}`, `{"updated_memory": ...}`): the debrief ends the prompt, the quote
+    starts the answer and the lesson's copy of it follows after a fixed run of tokens, so both copies are at a fixed
+    distance for every level (the debrief's shape is fixed too, `stairs_sentence`); a tiny extractor learns that in a
+    few hundred steps, where copying across a varying distance had not been learnt after 1,000."""
     lesson, reason = _lesson(demo)
+    quote = _debrief_quote(demo)
+    text_key = "updated_memory" if demo.condition in ("correct", "wrong") and demo.entry else "new_memory"
     if demo.condition == "correct" and demo.success and all(t.taken == t.label for t in demo.turns):
         ops: list[dict[str, Any]] = []
         think = "The memory shown was right and the agent followed it to success; nothing new was learned."
-    elif demo.condition in ("correct", "wrong") and demo.entry:
-        ops = [{"function": "update", "idx_list": [0], "updated_memory": lesson}]
-        think = reason + (" The memory shown was wrong, so it is replaced." if demo.condition == "wrong"
-                          else " The memory shown was right; it is updated with what this episode adds.")
+        think = f"{quote} {think}" if quote else think
+    elif text_key == "updated_memory":
+        ops = [{"updated_memory": lesson, "function": "update", "idx_list": [0]}]
+        think = quote or reason + (" The memory shown was wrong, so it is replaced." if demo.condition == "wrong"
+                                   else " The memory shown was right; it is updated with what this episode adds.")
     else:
-        ops = [{"function": "add", "new_memory": lesson}]
-        think = reason
+        ops = [{"new_memory": lesson, "function": "add"}]
+        think = quote or reason
     return ops, _answer(think, ops)
 
 
 def _extractor_prompt(cfg: WarmStartConfig, demo: Demo, short: bool = False) -> list[dict[str, str]]:
-    """The extraction prompt as the run's consumer builds it; `short` (the curriculum): the trajectory is only
-    its final observation, where the debrief says what the lesson must repeat."""
+    """The extraction prompt as the run's consumer builds it. `short` (the curriculum): no instructions, and the
+    trajectory is only the last line of its final observation (how it ended; a MiniHack debrief says where the
+    staircase was). The prompt still ends the same way, so everything the answer repeats lies as many tokens back
+    as in the full prompt, and a step of ~180-token sequences teaches that copy at a fraction of a full step's cost."""
     steps = [] if short else [(t.observation, t.taken) for t in demo.turns]
-    user = P.EXTRACTOR_USER.format(
-        task=demo.task, outcome="success" if demo.success else "failure", num_actions=len(steps),
-        previous=P.numbered([demo.entry] if demo.entry else []),
-        trajectory=P.trajectory_text(steps, max_chars=cfg.trajectory_chars, final=demo.final_observation), budget=cfg.op_budget)
-    return [{"role": "system", "content": P.EXTRACTOR_SYSTEM}, {"role": "user", "content": user}]
+    final = demo.final_observation.strip().splitlines()[-1] if short and demo.final_observation.strip() else demo.final_observation
+    fields = dict(task=demo.task, outcome="success" if demo.success else "failure", num_actions=len(demo.turns),
+                  previous=P.numbered([demo.entry] if demo.entry else []),
+                  trajectory=P.trajectory_text(steps, max_chars=cfg.trajectory_chars, final=final), budget=cfg.op_budget)
+    template = P.EXTRACTOR_HEAD + P.EXTRACTOR_TRAJECTORY if short else P.EXTRACTOR_USER
+    return [{"role": "system", "content": P.EXTRACTOR_SYSTEM}, {"role": "user", "content": template.format(**fields)}]
 
 
 _QUESTIONS = ("Which way is the goal?", "I cannot see where to go. What should I do?",
@@ -931,14 +938,20 @@ def _evaluate_extractor(backend: Any, cfg: WarmStartConfig, demos: Sequence[Demo
     outs = backend.generate(prompts, max_new_tokens=cfg.extractor_max_new_tokens, temperature=0.0, seed=cfg.seed)
     parsed = [parse_extractor_answer(o.text, n_previous=1 if d.entry else 0) for o, d in zip(outs, pick)]
     ok = [p for p in parsed if p is not None]
-    # MiniHack: is what the entries claim true of the level the trajectory came from (envs/entry_check.py)?
-    right = checkable = 0
-    for p, d in zip(parsed, pick):
+    # MiniHack: is what the entries claim true of the level the trajectory came from (envs/entry_check.py)? And of
+    # the trajectories whose debrief says where the staircase was, how many answers wrote an entry that says it?
+    right = checkable = stated = copied = quoted = 0
+    for p, d, o in zip(parsed, pick, outs):
         offset = d.facts.get("offset") if d.env.startswith("minihack/") else None
-        for op in (p or []) if offset is not None else []:
-            if op.text:
-                checkable += 1
-                right += _claimed(op.text) == tuple(offset)
+        if offset is None:
+            continue
+        claims = [_claimed(op.text) for op in (p or []) if op.text]
+        checkable += sum(c is not None for c in claims)
+        right += sum(c == tuple(offset) for c in claims)
+        if _debrief_quote(d):
+            stated += 1
+            copied += tuple(offset) in claims
+            quoted += _debrief_quote(d) in o.text.split("</think>", 1)[0]
     merge = _evaluate_merge(backend, cfg, demos)
     return {
         "answers": len(pick),
@@ -946,6 +959,8 @@ def _evaluate_extractor(backend: Any, cfg: WarmStartConfig, demos: Sequence[Demo
         "ops_per_answer": sum(len(p) for p in ok) / max(1, len(ok)),
         "parse_rate_with_ops": sum(1 for p in ok if p) / max(1, len(pick)),  # parsed and not the empty list
         **({"entries_checked": checkable, "entry_correct_share": right / checkable} if checkable else {}),
+        **({"debriefs_stated": stated, "debrief_copied_share": copied / stated, "debrief_quoted_share": quoted / stated}
+           if stated else {}),
         "example": outs[0].text[:600] if outs else "",
         **merge,
     }
@@ -997,6 +1012,51 @@ def _count_params(model: Any) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def demo_tokenizer(cfg: WarmStartConfig, demos: Sequence[Demo]) -> Any:
+    """The byte-level BPE both models share, trained on the prompt templates, sampled actor prompts and the
+    extractor teacher's answers (enough text that whole words and phrases become tokens: shorter prompts, faster
+    steps)."""
+    texts = [P.ACTOR_SYSTEM, P.ACTOR_SYSTEM_NO_TOOL, P.EXPERIENCE_BLOCK, P.ACTOR_USER, P.HISTORY_ITEM, P.TOOL_RESULT,
+             P.EXTRACTOR_SYSTEM, P.EXTRACTOR_USER, P.MERGE_USER, P.REWRITE_USER]
+    rng = random.Random(cfg.seed)
+    for d in demos:
+        for t in rng.sample(d.turns, k=min(4, len(d.turns))):
+            texts.append("\n".join(m["content"] for m in _actor_prompt(cfg, d, t)) + "\n" + t.label)
+        texts.append(_extractor_target(d)[1])
+    return build_tokenizer(texts, vocab_size=cfg.vocab_size, model_max_length=cfg.max_positions)
+
+
+def train_extractor(cfg: WarmStartConfig, demos: Sequence[Demo], tokenizer: Any, *, tick: Callable[[int], None] | None = None,
+                    stage: Callable[[str], None] | None = None) -> tuple[Any, list[SFTExample], int, list[float], list[float], list[float]]:
+    """The extractor's stages (steps 4-5): synthetic copying, extraction on short prompts, then every example kind.
+    Returns (model, examples, dropped, losses, copy losses, short-prompt losses)."""
+    stage = stage or (lambda name: None)
+    pad_id = int(tokenizer.pad_token_id)
+    stage("extractor SFT")
+    ext_ex, ext_dropped = extractor_examples(demos, tokenizer, cfg)
+    if not ext_ex:
+        raise RuntimeError(f"no extractor example fits max_seq_len={cfg.max_seq_len}; raise WarmStartConfig.max_seq_len")
+    extractor = build_tiny_qwen2(tokenizer, cfg.extractor_hidden, cfg.extractor_layers, cfg.extractor_heads,
+                                 cfg.extractor_kv_heads, max_pos=cfg.max_positions, seed=cfg.seed + 1)
+    copy_losses: list[float] = []
+    if cfg.extractor_copy_steps > 0:
+        stage("extractor copying")
+        copy_losses = _copy_pretrain(extractor, [i for e in ext_ex for i in e.input_ids], cfg.extractor_copy_steps, cfg,
+                                     vocab=len(tokenizer), seed=cfg.seed + 6, tick=tick)
+    short_losses: list[float] = []
+    if cfg.extractor_short_steps > 0:
+        stage("extractor SFT (short prompts)")
+        short_pairs = [(_extractor_prompt(cfg, d, short=True), _extractor_target(d)[1]) for d in demos if d.final_observation]
+        short_ex = [ex for ex in (_join(tokenizer, _chat_ids(tokenizer, m), a, "extractor/short") for m, a in short_pairs)
+                    if len(ex.input_ids) <= cfg.max_seq_len]
+        if short_ex:
+            _, short_losses = _sft(extractor, short_ex, cfg.extractor_short_steps, cfg, pad_id=pad_id, seed=cfg.seed + 5,
+                                   batch_size=cfg.extractor_short_batch_size, tick=tick)
+        stage("extractor SFT")
+    _, losses = _train_extractor(extractor, ext_ex, cfg, pad_id, tick or (lambda n: None))
+    return extractor, ext_ex, ext_dropped, losses, copy_losses, short_losses
+
+
 def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
     """Steps 1-6 into `tmp/policy` and `tmp/extractor`; returns the measured results."""
     t0, c0 = time.time(), time.process_time()
@@ -1022,14 +1082,7 @@ def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
         demos = collect_demos(cfg, tick=bar.update)
 
         stage("tokenizer")
-        texts = [P.ACTOR_SYSTEM, P.ACTOR_SYSTEM_NO_TOOL, P.EXPERIENCE_BLOCK, P.ACTOR_USER, P.HISTORY_ITEM, P.TOOL_RESULT,
-                 P.EXTRACTOR_SYSTEM, P.EXTRACTOR_USER, P.MERGE_USER, P.REWRITE_USER]
-        rng = random.Random(cfg.seed)
-        for d in demos:  # enough text that whole words and phrases become tokens: shorter prompts, faster steps
-            for t in rng.sample(d.turns, k=min(4, len(d.turns))):
-                texts.append("\n".join(m["content"] for m in _actor_prompt(cfg, d, t)) + "\n" + t.label)
-            texts.append(_extractor_target(d)[1])
-        tokenizer = build_tokenizer(texts, vocab_size=cfg.vocab_size, model_max_length=cfg.max_positions)
+        tokenizer = demo_tokenizer(cfg, demos)
         bar.update(1)
         pad_id = int(tokenizer.pad_token_id)
         action_tokens = action_token_budget(tokenizer, demos, cfg)
@@ -1076,28 +1129,8 @@ def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
             demos += dag
         del opt
 
-        stage("extractor SFT")
-        ext_ex, ext_dropped = extractor_examples(demos, tokenizer, cfg)
-        if not ext_ex:
-            raise RuntimeError(f"no extractor example fits max_seq_len={cfg.max_seq_len}; raise WarmStartConfig.max_seq_len")
-        extractor = build_tiny_qwen2(tokenizer, cfg.extractor_hidden, cfg.extractor_layers, cfg.extractor_heads,
-                                     cfg.extractor_kv_heads, max_pos=cfg.max_positions, seed=cfg.seed + 1)
-        copy_losses: list[float] = []
-        if cfg.extractor_copy_steps > 0:
-            stage("extractor copying")
-            copy_losses = _copy_pretrain(extractor, [i for e in ext_ex for i in e.input_ids], cfg.extractor_copy_steps, cfg,
-                                         vocab=len(tokenizer), seed=cfg.seed + 6, tick=bar.update)
-        ext_short_losses: list[float] = []
-        if cfg.extractor_short_steps > 0:
-            stage("extractor SFT (short prompts)")
-            short_pairs = [(_extractor_prompt(cfg, d, short=True), _extractor_target(d)[1]) for d in demos if d.final_observation]
-            short_ex = [ex for ex in (_join(tokenizer, _chat_ids(tokenizer, m), a, "extractor/short") for m, a in short_pairs)
-                        if len(ex.input_ids) <= cfg.max_seq_len]
-            if short_ex:
-                _, ext_short_losses = _sft(extractor, short_ex, cfg.extractor_short_steps, cfg, pad_id=pad_id, seed=cfg.seed + 5,
-                                           batch_size=cfg.extractor_batch_size, tick=bar.update)
-            stage("extractor SFT")
-        _, ext_losses = _train_extractor(extractor, ext_ex, cfg, pad_id, bar.update)
+        extractor, ext_ex, ext_dropped, ext_losses, copy_losses, ext_short_losses = train_extractor(
+            cfg, demos, tokenizer, tick=bar.update, stage=stage)
 
         stage("save")
         save_model_folder(policy, tokenizer, tmp / "policy")
