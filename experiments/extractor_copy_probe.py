@@ -51,7 +51,6 @@ def copy_distances(tokenizer: Any, examples: list[Any], demos: list[Any]) -> dic
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--demos", type=int, default=800)
-    ap.add_argument("--copy-steps", type=int, default=0)
     ap.add_argument("--short-steps", type=int, default=200)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--batch", type=int, default=4)
@@ -67,7 +66,7 @@ def main() -> None:
     from trainers.models import load_backend, save_model_folder
 
     torch.set_num_threads(1)
-    cfg = W.WarmStartConfig(demo_episodes=args.demos, extractor_copy_steps=args.copy_steps,
+    cfg = W.WarmStartConfig(demo_episodes=args.demos,
                             extractor_short_steps=args.short_steps, extractor_steps=args.steps,
                             extractor_batch_size=args.batch, extractor_short_batch_size=args.short_batch, eval_extractor=args.eval, threads=1)
     t0 = time.time()
@@ -77,7 +76,7 @@ def main() -> None:
     ex = [W._join(tokenizer, W._chat_ids(tokenizer, W._extractor_prompt(cfg, d)), W._extractor_target(d)[1], "x") for d in extract]
     layout = copy_distances(tokenizer, ex, extract)
     t_train = time.time()
-    model, examples, dropped, losses, copy_losses, short_losses = W.train_extractor(cfg, demos, tokenizer)
+    model, examples, dropped, losses, short_losses = W.train_extractor(cfg, demos, tokenizer)
     train_s = time.time() - t_train
 
     # Held-out episodes: the scripted expert on evaluation seeds, each condition in turn.
@@ -113,12 +112,11 @@ def main() -> None:
             "entry_claim_any": sum(a["entry_claim"] is not None for a in answers) / n}
     result = {
         "command": "python " + " ".join(sys.argv),
-        "config": {k: getattr(cfg, k) for k in ("demo_episodes", "extractor_copy_steps", "extractor_short_steps",
+        "config": {k: getattr(cfg, k) for k in ("demo_episodes", "extractor_short_steps", "extractor_short_batch_size",
                                                   "extractor_steps", "extractor_batch_size", "extractor_hidden", "extractor_layers")},
         "layout_distances": layout,
         "examples": len(examples), "dropped_too_long": dropped,
-        "loss": {"copy_last": round(sum(copy_losses[-10:]) / 10, 3) if copy_losses else None,
-                 "short_first": round(sum(short_losses[:10]) / 10, 3) if short_losses else None,
+        "loss": {"short_first": round(sum(short_losses[:10]) / 10, 3) if short_losses else None,
                  "short_last": round(sum(short_losses[-10:]) / 10, 3) if short_losses else None,
                  "first": round(sum(losses[:10]) / 10, 3), "last": round(sum(losses[-10:]) / 10, 3)},
         "eval": evaluation,

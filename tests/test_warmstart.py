@@ -1,6 +1,7 @@
 """Warm start of the embedded default models (trainers/warmstart.py), on a tiny config."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -22,7 +23,7 @@ def tiny(**kw) -> W.WarmStartConfig:
                 policy_layers=1, policy_heads=2, policy_kv_heads=1, extractor_hidden=32, extractor_layers=1,
                 extractor_heads=2, extractor_kv_heads=1, max_positions=2048, max_seq_len=2000, eval_episodes=1,
                 eval_extractor=2, extractor_max_new_tokens=8, action_max_new_tokens=3, warmup_steps=1,
-                extractor_copy_steps=3)
+                extractor_short_steps=2, extractor_short_batch_size=2)
     base.update(kw)
     return W.WarmStartConfig(**base)
 
@@ -424,30 +425,37 @@ def test_prompt_loss_weight_trains_the_prompt_and_reports_the_action_loss():
     assert l0[-1] < 0.5 * l0[0] and l1[-1] < 0.5 * l1[0]  # the action is learned either way
 
 
-def test_copy_pretraining_repeats_a_span_after_gaps_of_varying_length():
-    """The extractor's synthetic copying (`extractor_copy_steps`): every row is a span, a gap, the same span again,
-    and the gap's length varies (a fixed distance would teach copying by position, not by finding the earlier copy);
-    the model is trained (its weights move) and the losses start near chance."""
-    tok = build_tokenizer(["the staircase down (>) was 2 south and 1 east of your starting square"] * 5, vocab_size=300)
-    model = build_tiny_qwen2(tok, 32, 1, 2, 1, max_pos=512, seed=3)
-    rows: list[list[int]] = []
-    real_forward = model.forward
+def test_extraction_copies_lie_at_one_distance_for_every_level(ultimate_demos):
+    """MiniHack extraction, where the debrief says where the staircase was: the think is the debrief word for word,
+    the entry's content repeats its sentence (the checker reads the level's true offset back), the op is update [0]
+    exactly when a memory was shown, and in tokens the think's copy and the entry's copy each lie at one distance
+    behind what they repeat, whatever the level: what lets a tiny extractor copy by position. Where the staircase
+    was never seen, a memory shown stays ([])."""
+    from envs.minihack import claimed_offset
 
-    def recording(*a, **kw):
-        ids, mask = kw["input_ids"], kw.get("attention_mask")
-        rows.extend(r.tolist() for r in ids)
-        return real_forward(*a, **kw)
-
-    model.forward = recording
-    before = [p.detach().clone() for p in model.parameters()]
-    pool = list(range(10, 60))
-    losses = W._copy_pretrain(model, pool, 6, tiny(), vocab=len(tok), seed=0, span=8, batch_size=8)
-    assert len(losses) == 6 and abs(losses[0] - __import__("math").log(len(tok))) < 1.5
-    gaps = set()
-    for r in rows:
-        head = r[:8]
-        n = next(n for n in range(len(r), 15, -1) if r[n - 8:n] == head)  # the repeat ends the row (then padding)
-        gaps.add(n - 16)
-        assert all(t == 0 for t in r[n:])
-    assert len(gaps) >= 3 and min(gaps) >= 0 and max(gaps) <= 16
-    assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
+    cfg, demos = ultimate_demos
+    tok = W.demo_tokenizer(dataclasses.replace(cfg, vocab_size=2048), demos)  # the default's size: whole words
+    to_think, to_entry, stated, kept = set(), set(), 0, 0
+    for d in demos:
+        ops, answer = W._extractor_target(d)
+        quote = W._debrief_quote(d)
+        shown = d.condition in ("correct", "wrong") and bool(d.entry)
+        if not quote:
+            kept += shown and ops == []
+            continue
+        stated += 1
+        assert answer.startswith(f"<think>{quote}</think>")
+        (op,) = ops
+        assert (op["function"] == "update") == shown and list(op)[0] in ("new_memory", "updated_memory")
+        assert claimed_offset(list(op.values())[0]) == tuple(d.facts["offset"])
+        ids = W._join(tok, W._chat_ids(tok, W._extractor_prompt(cfg, d)), answer, "x").input_ids
+        span = tok.encode(quote.split("was ", 1)[1].rstrip("."), add_special_tokens=False)
+        hits = [i for i in range(len(ids) - len(span) + 1) if ids[i:i + len(span)] == span]
+        to_think.add(hits[-2] - hits[-3])
+        to_entry.add(hits[-1] - hits[-2])
+        # the short curriculum ends its prompt the same way
+        short = W._join(tok, W._chat_ids(tok, W._extractor_prompt(cfg, d, short=True)), answer, "x").input_ids
+        s_hits = [i for i in range(len(short) - len(span) + 1) if short[i:i + len(span)] == span]
+        assert s_hits[-2] - s_hits[-3] in to_think
+    assert stated >= 10 and kept >= 1
+    assert len(to_think) == 1 and len(to_entry) == 1

@@ -127,17 +127,13 @@ class WarmStartConfig:
     # steps: 0 of 24 held-out takes right); the same model copies after ~150 steps of short prompts, and
     # the skill carries over to full prompts within ~50 (a synthetic check: benchmarks/results/copy_probe.md).
     short_prompt_steps: int = 200  # with ACTION_LEAD the readable turns are learnt in ~100 (twelfth round)
-    extractor_steps: int = 500  # extractor SFT optimiser steps (~0.5 s each here)
-    # Extractor SFT steps before the main ones on extraction prompts whose trajectory is only the final observation:
-    # the debrief sentence to repeat sits close to the answer (the first 800-step build copied no offset right: 0/19).
-    extractor_short_steps: int = 200
+    extractor_steps: int = 300  # extractor SFT optimiser steps on every example kind (~0.9 s each here, loaded)
+    # Extractor SFT steps before the main ones on short extraction prompts (`_extractor_prompt(short=True)`: no
+    # instructions, the trajectory only the final observation's last line, the debrief), where what the answer copies
+    # lies as many tokens back as in a full prompt. 500-step builds on full prompts at batch 4 copied no offset right
+    # (0/19, 0/13, 0/36); 400 short steps at batch 16 copied the debrief into the think right on 34/60 (thirteenth round).
+    extractor_short_steps: int = 500
     extractor_short_batch_size: int = 16  # its sequences are ~290 tokens, a full one ~810: 4x the batch at ~1.5x the cost
-    # Extractor steps of synthetic copying before any SFT (`_copy_pretrain`): a span, a gap of varying length, the span
-    # again, the loss on the repeat. A lesson repeats ~12 tokens of the debrief, and the earlier builds' extractors
-    # learnt the format but copied the numbers wrong (0/19, 1/24 right). Measured, it has not helped yet: in the
-    # twelfth round's build 300 steps took the repeat's loss only from 7.1 to 3.6 and the extractor wrote 0/13
-    # entries right (a fixed gap is learnt in 200 steps, but by position, which does not carry over).
-    extractor_copy_steps: int = 300
     batch_size: int = 16  # sequences per policy SFT step
     extractor_batch_size: int = 4  # sequences per extractor SFT step (its sequences are about twice as long)
     threads: int = 0  # torch CPU threads while building; 0 = the cores left free by the current load (>= 1)
@@ -603,29 +599,40 @@ def _debrief_quote(demo: Demo) -> str:
 
 
 def _extractor_target(demo: Demo) -> tuple[list[dict[str, Any]], str]:
-    """(ops, answer) the rule-based teacher writes for an episode: nothing new when a correct memory
-    was followed cleanly to success; replace a wrong memory (or refine a right one) with the lesson;
-    else add the lesson.
+    """(ops, answer) the rule-based teacher writes for an episode.
 
-    Where the debrief says where the staircase was, the think quotes it word for word and nothing else, and each op
-    puts its text first (`{"new_memory": ...}`, `{"updated_memory": ...}`): the debrief ends the prompt, the quote
-    starts the answer and the lesson's copy of it follows after a fixed run of tokens, so both copies are at a fixed
-    distance for every level (the debrief's shape is fixed too, `stairs_sentence`); a tiny extractor learns that in a
-    few hundred steps, where copying across a varying distance had not been learnt after 1,000."""
+    MiniHack, where the debrief says where the staircase was: the think quotes it word for word and nothing else,
+    and the lesson repeats it, added, or replacing the memory shown (a right one is refreshed by an episode that
+    checked it, a wrong one corrected). Each op puts its text first (`{"new_memory": ...}`, `{"updated_memory":
+    ...}`): the debrief ends the prompt, the quote starts the answer and the lesson follows after a fixed run of
+    tokens, so both copies lie at a fixed distance for every level (the debrief's shape is fixed too,
+    `stairs_sentence`); a tiny extractor learns that in a few hundred steps, where copying across a varying distance
+    had not been learnt after 1,000. Which op depends only on whether a memory was shown, which the prompt says.
+    When the episode never saw the staircase, a memory shown stays ([]) and without one the lesson says where it was
+    not. ALFWorld: nothing new when a correct memory was followed cleanly to success; replace a wrong memory (or
+    refine a right one) with the lesson; else add the lesson."""
     lesson, reason = _lesson(demo)
+    shown = demo.condition in ("correct", "wrong") and bool(demo.entry)
     quote = _debrief_quote(demo)
-    text_key = "updated_memory" if demo.condition in ("correct", "wrong") and demo.entry else "new_memory"
-    if demo.condition == "correct" and demo.success and all(t.taken == t.label for t in demo.turns):
-        ops: list[dict[str, Any]] = []
-        think = "The memory shown was right and the agent followed it to success; nothing new was learned."
-        think = f"{quote} {think}" if quote else think
-    elif text_key == "updated_memory":
-        ops = [{"updated_memory": lesson, "function": "update", "idx_list": [0]}]
-        think = quote or reason + (" The memory shown was wrong, so it is replaced." if demo.condition == "wrong"
-                                   else " The memory shown was right; it is updated with what this episode adds.")
-    else:
+    ops: list[dict[str, Any]]
+    if demo.env.startswith("minihack/"):
+        if quote:
+            ops = [{"updated_memory": lesson, "function": "update", "idx_list": [0]}] if shown else [{"new_memory": lesson, "function": "add"}]
+            return ops, _answer(quote, ops)
+        if shown:
+            return [], _answer(reason + " The memory shown stays: this episode cannot check it.", [])
         ops = [{"new_memory": lesson, "function": "add"}]
-        think = quote or reason
+        return ops, _answer(reason, ops)
+    if demo.condition == "correct" and demo.success and all(t.taken == t.label for t in demo.turns):
+        ops = []
+        think = "The memory shown was right and the agent followed it to success; nothing new was learned."
+    elif shown:
+        ops = [{"function": "update", "idx_list": [0], "updated_memory": lesson}]
+        think = reason + (" The memory shown was wrong, so it is replaced." if demo.condition == "wrong"
+                          else " The memory shown was right; it is updated with what this episode adds.")
+    else:
+        ops = [{"function": "add", "new_memory": lesson}]
+        think = reason
     return ops, _answer(think, ops)
 
 
@@ -789,53 +796,6 @@ def _sft(model: Any, examples: Sequence[SFTExample], steps: int, cfg: WarmStartC
             tick(1)
     model.eval()
     return opt, losses
-
-
-def _copy_pretrain(model: Any, pool: Sequence[int], steps: int, cfg: WarmStartConfig, *, vocab: int, seed: int,
-                   span: int = 24, batch_size: int = 32, tick: Callable[[int], None] | None = None) -> list[float]:
-    """Synthetic copying (`extractor_copy_steps`): each row is a span of `span` tokens, a gap of 0..2*span other
-    tokens, then the same span again, the loss on the repeat (after its first token); half the spans and gaps are
-    random tokens, half are cut from `pool` (the extraction examples' tokens). The gap's length varies, so copying at
-    a fixed distance does not work: the model must find the earlier place that matches what it is writing and
-    continue from there (an induction head), which is what a lesson that repeats the debrief needs. Its own AdamW
-    and warm-up; returns the per-step losses."""
-    rng = random.Random(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
-    losses: list[float] = []
-
-    def piece(n: int) -> list[int]:
-        if rng.random() < 0.5 and len(pool) > n:
-            at = rng.randrange(len(pool) - n)
-            return list(pool[at:at + n])
-        return [rng.randrange(vocab) for _ in range(n)]
-
-    model.train()
-    for s in range(steps):
-        for g in opt.param_groups:
-            g["lr"] = cfg.lr * min(1.0, (s + 1) / max(1, cfg.warmup_steps))
-        rows, targets = [], []
-        for _ in range(batch_size):
-            head, gap = piece(span), piece(rng.randrange(0, 2 * span + 1))
-            rows.append(head + gap + head)
-            targets.append([IGNORE] * (len(head) + len(gap) + 1) + head[1:])
-        width = max(len(r) for r in rows)
-        ids = torch.zeros((len(rows), width), dtype=torch.long)  # (B, T): right-padded; pads carry no loss
-        labels = torch.full((len(rows), width), IGNORE, dtype=torch.long)
-        for i, (r, t) in enumerate(zip(rows, targets)):
-            ids[i, : len(r)] = torch.tensor(r)
-            labels[i, : len(t)] = torch.tensor(t)
-        logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float()  # (B, T-1, V)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
-                                                 ignore_index=IGNORE)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(float(loss.item()))
-        if tick:
-            tick(1)
-    model.eval()
-    return losses
 
 
 # ============================================================================ rollouts (DAgger and evaluation)
@@ -1027,9 +987,9 @@ def demo_tokenizer(cfg: WarmStartConfig, demos: Sequence[Demo]) -> Any:
 
 
 def train_extractor(cfg: WarmStartConfig, demos: Sequence[Demo], tokenizer: Any, *, tick: Callable[[int], None] | None = None,
-                    stage: Callable[[str], None] | None = None) -> tuple[Any, list[SFTExample], int, list[float], list[float], list[float]]:
-    """The extractor's stages (steps 4-5): synthetic copying, extraction on short prompts, then every example kind.
-    Returns (model, examples, dropped, losses, copy losses, short-prompt losses)."""
+                    stage: Callable[[str], None] | None = None) -> tuple[Any, list[SFTExample], int, list[float], list[float]]:
+    """The extractor's stages (steps 4-5): extraction on short prompts, then every example kind.
+    Returns (model, examples, dropped, losses, short-prompt losses)."""
     stage = stage or (lambda name: None)
     pad_id = int(tokenizer.pad_token_id)
     stage("extractor SFT")
@@ -1038,11 +998,6 @@ def train_extractor(cfg: WarmStartConfig, demos: Sequence[Demo], tokenizer: Any,
         raise RuntimeError(f"no extractor example fits max_seq_len={cfg.max_seq_len}; raise WarmStartConfig.max_seq_len")
     extractor = build_tiny_qwen2(tokenizer, cfg.extractor_hidden, cfg.extractor_layers, cfg.extractor_heads,
                                  cfg.extractor_kv_heads, max_pos=cfg.max_positions, seed=cfg.seed + 1)
-    copy_losses: list[float] = []
-    if cfg.extractor_copy_steps > 0:
-        stage("extractor copying")
-        copy_losses = _copy_pretrain(extractor, [i for e in ext_ex for i in e.input_ids], cfg.extractor_copy_steps, cfg,
-                                     vocab=len(tokenizer), seed=cfg.seed + 6, tick=tick)
     short_losses: list[float] = []
     if cfg.extractor_short_steps > 0:
         stage("extractor SFT (short prompts)")
@@ -1054,7 +1009,7 @@ def train_extractor(cfg: WarmStartConfig, demos: Sequence[Demo], tokenizer: Any,
                                    batch_size=cfg.extractor_short_batch_size, tick=tick)
         stage("extractor SFT")
     _, losses = _train_extractor(extractor, ext_ex, cfg, pad_id, tick or (lambda n: None))
-    return extractor, ext_ex, ext_dropped, losses, copy_losses, short_losses
+    return extractor, ext_ex, ext_dropped, losses, short_losses
 
 
 def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
@@ -1064,7 +1019,7 @@ def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
     threads = cfg.threads or _free_cores()
     load_at_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     n_envs = len(cfg.envs)
-    units = cfg.demo_episodes * n_envs + cfg.short_prompt_steps + cfg.policy_steps + cfg.extractor_copy_steps + cfg.extractor_short_steps + cfg.extractor_steps + 3
+    units = cfg.demo_episodes * n_envs + cfg.short_prompt_steps + cfg.policy_steps + cfg.extractor_short_steps + cfg.extractor_steps + 3
     bar = BuildProgress(tmp.parent, total=units, desc="comprl models init", disable=not progress)  # core/build_progress.py
     timings: dict[str, float] = {}
     old_threads = torch.get_num_threads()
@@ -1129,7 +1084,7 @@ def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
             demos += dag
         del opt
 
-        extractor, ext_ex, ext_dropped, ext_losses, copy_losses, ext_short_losses = train_extractor(
+        extractor, ext_ex, ext_dropped, ext_losses, ext_short_losses = train_extractor(
             cfg, demos, tokenizer, tick=bar.update, stage=stage)
 
         stage("save")
@@ -1165,8 +1120,6 @@ def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
         "extractor": {"params": _count_params(extractor), "examples": len(ext_ex), "dropped_too_long": ext_dropped,
                       "loss_first": round(sum(ext_losses[:10]) / max(1, len(ext_losses[:10])), 4),
                       "loss_last": round(sum(ext_losses[-10:]) / max(1, len(ext_losses[-10:])), 4),
-                      **({"copying": {"steps": len(copy_losses), "loss_first": round(sum(copy_losses[:10]) / 10, 4),
-                                      "loss_last": round(sum(copy_losses[-10:]) / 10, 4)}} if len(copy_losses) >= 10 else {}),
                       **({"short_prompt": {"steps": len(ext_short_losses), "loss_first": round(sum(ext_short_losses[:10]) / 10, 4),
                                            "loss_last": round(sum(ext_short_losses[-10:]) / 10, 4)}} if len(ext_short_losses) >= 10 else {}),
                       "eval": ext_eval},
