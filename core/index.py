@@ -5,7 +5,9 @@ or one group for the whole library), id-mapped by entry id, so that retrieval re
 actor's own env never scans or filters other envs' entries, and an update or delete touches one
 id instead of rebuilding.
 
-- flat: exact. `IndexIDMap2(IndexFlatIP)`, add and remove by id.
+- flat: exact. On a CPU one matrix product and a top-k over a dense matrix kept in step with adds and removes
+        (`_DenseFlat`): faiss's `IndexFlatIP` measured 8-10x the matrix-product floor here at 100k entries with one
+        or two threads alike, this ~1x (benchmarks/results/bench_retrieval.md). On a GPU, faiss-gpu's flat index.
 - ivf:  approximate, `IndexIVFFlat` (inner product), trained on the group's vectors at build
         time; add and remove by id.
 - hnsw: approximate, `IndexHNSWFlat`. HNSW cannot remove, so removed ids become tombstones that
@@ -33,9 +35,57 @@ def gpu_available() -> bool:
     return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
 
 
+class _DenseFlat:
+    """Exact inner-product search: scores = queries @ matrix.T, then a top-k, both in torch (its matmul and topk release
+    the GIL, so concurrent searches overlap). The faiss index interface the groups use (ntotal, add_with_ids,
+    remove_ids, search); rows are removed by moving the last row into the hole, so a change costs one row."""
+
+    def __init__(self, dim: int) -> None:
+        self.dim = dim
+        self._mat = np.zeros((0, dim), np.float32)  # (capacity, d); rows [0, ntotal) are live
+        self._ids = np.zeros(0, np.int64)  # (capacity,)
+        self._row: dict[int, int] = {}  # id -> row
+        self.ntotal = 0
+
+    def add_with_ids(self, vecs: np.ndarray, ids: np.ndarray) -> None:
+        vecs = np.asarray(vecs, dtype=np.float32).reshape(-1, self.dim)
+        need = self.ntotal + len(vecs)
+        if need > len(self._mat):
+            cap = max(need, 2 * len(self._mat), 64)
+            mat, idv = np.zeros((cap, self.dim), np.float32), np.zeros(cap, np.int64)
+            mat[: self.ntotal], idv[: self.ntotal] = self._mat[: self.ntotal], self._ids[: self.ntotal]
+            self._mat, self._ids = mat, idv
+        self._mat[self.ntotal:need] = vecs
+        self._ids[self.ntotal:need] = ids
+        for r, i in enumerate(np.asarray(ids).tolist(), start=self.ntotal):
+            self._row[int(i)] = r
+        self.ntotal = need
+
+    def remove_ids(self, ids: np.ndarray) -> None:
+        for i in np.asarray(ids).tolist():
+            r = self._row.pop(int(i), None)
+            if r is None:
+                continue
+            last = self.ntotal - 1
+            if r != last:
+                self._mat[r] = self._mat[last]
+                self._ids[r] = self._ids[last]
+                self._row[int(self._ids[r])] = r
+            self.ntotal = last
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        import torch
+
+        n = self.ntotal
+        k = min(k, n)
+        scores = torch.from_numpy(queries) @ torch.from_numpy(self._mat[:n]).T  # (B, n)
+        s, j = torch.topk(scores, k, dim=1)  # (B, k), best first
+        return s.numpy(), self._ids[:n][j.numpy()]
+
+
 @dataclass
 class _Group:
-    index: faiss.Index
+    index: "faiss.Index | _DenseFlat"
     vectors: dict[int, np.ndarray] = field(default_factory=dict)  # id -> vector, to rebuild and to train IVF
     tombstones: set[int] = field(default_factory=set)
 
@@ -61,6 +111,8 @@ class VectorIndex:
         if want_gpu and self.cfg.kind == "flat":
             self._gpu_res = faiss.StandardGpuResources()
         self.backend = f"faiss-{'gpu' if self._gpu_res is not None else 'cpu'} {faiss.__version__} ({self.cfg.kind})"
+        if self.cfg.kind == "flat" and self._gpu_res is None:
+            self.backend = "exact: one matrix product and top-k in torch (flat)"
         log.info("vector index: %s", self.backend)
 
     # -- building ----------------------------------------------------------------------------
@@ -68,10 +120,9 @@ class VectorIndex:
     def _new_index(self, vecs: np.ndarray) -> faiss.Index:
         kind = self.cfg.kind
         if kind == "flat":
-            idx: faiss.Index = faiss.IndexIDMap2(faiss.IndexFlatIP(self.dim))
-            if self._gpu_res is not None:
-                idx = faiss.index_cpu_to_gpu(self._gpu_res, 0, idx)
-            return idx
+            if self._gpu_res is None:
+                return _DenseFlat(self.dim)
+            return faiss.index_cpu_to_gpu(self._gpu_res, 0, faiss.IndexIDMap2(faiss.IndexFlatIP(self.dim)))
         if kind == "hnsw":
             h = faiss.IndexHNSWFlat(self.dim, self.cfg.hnsw_m, faiss.METRIC_INNER_PRODUCT)
             h.hnsw.efConstruction = self.cfg.hnsw_ef_construction
@@ -150,6 +201,12 @@ class VectorIndex:
 
     def __contains__(self, entry_id: int) -> bool:
         return entry_id in self._group_of
+
+    @property
+    def split_batches(self) -> bool:
+        """Whether splitting a batch of queries over threads pays: not for the dense flat search, where one matrix
+        product over the whole batch reads the matrix once (W products over its parts read it W times)."""
+        return not (self.cfg.kind == "flat" and self._gpu_res is None)
 
     def groups(self) -> list[str]:
         return sorted(self._groups)

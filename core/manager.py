@@ -407,7 +407,7 @@ class ExperienceManager:
 
     def _parallel_search(self, q: np.ndarray, k: int, group: str | tuple[str, ...] | None) -> tuple[np.ndarray, np.ndarray]:
         """Split the batch over W workers (faiss releases the GIL while it searches)."""
-        w = min(self.cfg.workers, len(q))
+        w = min(self.cfg.workers, len(q)) if self.index.split_batches else 1
         if w <= 1:
             return self.index.search(q, k, group)
         parts = np.array_split(np.arange(len(q)), w)
