@@ -18,6 +18,7 @@ Writes benchmarks/results/reliability.{json,md}. A Postgres server is needed for
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import re
 import subprocess
@@ -116,9 +117,10 @@ def main() -> None:
     for m in re.finditer(r"workbench \((\w+)\): malformed numbers handled (\d+)/(\d+)", out):
         muts.append({"class": f"workbench ids/versions/counts ({m.group(1)})", "handled": int(m.group(2)),
                      "tried": int(m.group(3)), "by_kind": ""})
-    for m in re.finditer(r"unauthenticated probes (\d+), leaks (\d+)", out):
-        muts.append({"class": "workbench before login (--auth)", "handled": int(m.group(1)) - int(m.group(2)),
-                     "tried": int(m.group(1)), "by_kind": "requests that got nothing about the app"})
+    for m in re.finditer(r"unauthenticated probes (\d+), leaks (\[.*?\])$", out, re.M):
+        leaked = {p for p, *_ in ast.literal_eval(m.group(2))}  # (path, status, what leaked) per leak
+        muts.append({"class": "workbench requests before login (--auth)", "handled": int(m.group(1)) - len(leaked),
+                     "tried": int(m.group(1)), "by_kind": "paths that served nothing about the app"})
     result["mutations"] = muts
     result["mutation_tests"] = {k: v for k, v in outcome.items()}
 
