@@ -166,3 +166,24 @@ def test_in_memory_sqlite_is_refused_with_the_fix(cluster):
 
     with pytest.raises(ConfigError, match="SQLite file"):
         RemoteManager.start("sqlite://", library(), seed=0)
+
+
+def test_bad_executor_and_ray_fields_are_refused_by_name():
+    from core.config import ConfigError
+    from trainers.config import load_run_config
+
+    with pytest.raises(ConfigError, match="run.executor must be local or ray"):
+        load_run_config({"run": {"executor": "slurm"}})
+    with pytest.raises(ConfigError, match="ray.num_cpus and ray.env_actors"):
+        load_run_config({"run": {"executor": "ray"}, "ray": {"env_actors": -1}})
+    assert load_run_config({"run": {"executor": "ray"}, "ray": {"address": "auto"}}).ray.address == "auto"
+
+
+def test_an_address_where_nothing_answers_is_refused_at_once():
+    from core.config import ConfigError
+    from trainers.ray_exec import check_reachable
+
+    with pytest.raises(ConfigError, match="nothing answers there"):
+        check_reachable("127.0.0.1:1", timeout_s=2)
+    with pytest.raises(ConfigError, match="HOST:PORT"):
+        check_reachable("head-node")

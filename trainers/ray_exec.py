@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import time
 import uuid
 from typing import Any, Sequence
@@ -55,6 +56,8 @@ class RayCluster:
         if not ray.is_initialized():
             common = dict(include_dashboard=False, log_to_driver=True, ignore_reinit_error=True)
             if rc.address:
+                if rc.address != "auto" and check_reachable(rc.address) in ("127.0.0.1", "localhost"):
+                    loopback_only()  # else Ray rewrites the address to this machine's interface and waits for ever
                 ray.init(address=rc.address, **common)
             else:
                 # loopback only; a small object store (the default takes 30% of the machine's memory)
@@ -94,6 +97,20 @@ class RayCluster:
     def close(self) -> None:
         if self.started and ray.is_initialized():
             ray.shutdown()
+
+
+def check_reachable(address: str, timeout_s: float = 10.0) -> str:
+    """The host of `ray.address` once something answers on its port: `ray.init` itself waits for minutes on a wrong
+    one without a word."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ConfigError(f"ray.address must be 'auto' or HOST:PORT (the head's port, 6379 by default), not {address!r}")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise ConfigError(f"ray.address {address}: nothing answers there ({e.strerror or e}); start the head with "
+                          f"`ray start --head --port={port}` or correct the address") from None
+    return host
 
 
 def loopback_only() -> None:
