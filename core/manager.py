@@ -477,6 +477,11 @@ class ExperienceManager:
                 if op.kind == "add":
                     new_id = self.store.add_entries([self._new_entry(op, ctx)], actor=ctx.actor)[0]
                     results.append(OpResult(op, True, new_id=new_id))
+                elif op.kind == "update" and self._names_other_tasks(op.ids, ctx):
+                    # task_scope: an episode checks only its own task's entries; a memory shown from another task
+                    # (the fallback when a task has none of its own) stays, and the lesson is added for this task.
+                    new_id = self.store.add_entries([self._new_entry(op, ctx)], actor=ctx.actor)[0]
+                    results.append(OpResult(op, True, new_id=new_id))
                 elif op.kind == "update":
                     new_id = self.store.replace_entries(op.ids, self._new_entry(op, ctx), actor=ctx.actor, action="op_update")
                     results.append(OpResult(op, True, new_id=new_id, archived=list(op.ids)))
@@ -489,6 +494,12 @@ class ExperienceManager:
         if any(r.ok for r in results):
             self.sync()
         return results
+
+    def _names_other_tasks(self, ids: Sequence[int], ctx: OpContext) -> bool:
+        """With task_scope, whether an update from an episode of `ctx.task` names an entry written for another task."""
+        if not (self.cfg.task_scope and ctx.task):
+            return False
+        return any(e.task and e.task != ctx.task for e in self.store.get_many(ids).values())
 
     def _check_active(self, ids: Sequence[int]) -> None:
         found = self.store.get_many(ids)

@@ -251,3 +251,32 @@ def test_library_table_shows_whether_each_entry_is_right(tmp_path, embedder, db_
         assert list(df["claim"]) == ["right", "WRONG", "no claim", "–"]
     finally:
         wb.close()
+
+
+def test_an_update_of_another_tasks_entry_adds_instead(store, embedder):
+    """task_scope: a dungeon with no entry of its own is shown another dungeon's (the fallback). An extractor that
+    answers `update` on it replaces nothing: an episode checks only its own task's entries, so the other dungeon's
+    entry stays and the lesson is added for this one. An update of the episode's own task's entry replaces it."""
+    goal = "Reach the staircase down (>) in a dark 5x5 room; you only see the squares next to you."
+    a, b = instance_task(ENV, 1, goal), instance_task(ENV, 2, goal)
+    m = _library(store, embedder, scope=True)
+    try:
+        (ra,) = m.apply_operations([Operation("add", text="## Title: t\n## Description: d\n## Content: about 1.")],
+                                   OpContext(env=ENV, task=a))
+        (rb,) = m.apply_operations([Operation("update", text="## Title: t\n## Description: d\n## Content: about 2.",
+                                              ids=[ra.new_id])], OpContext(env=ENV, task=b))
+        assert rb.ok and rb.archived == [] and rb.new_id != ra.new_id
+        active = {e.id: e.task for e in store.list_entries(limit=100).entries}
+        assert active[ra.new_id] == a and active[rb.new_id] == b
+        (rc,) = m.apply_operations([Operation("update", text="## Title: t\n## Description: d\n## Content: 2 again.",
+                                              ids=[rb.new_id])], OpContext(env=ENV, task=b))
+        assert rc.ok and rc.archived == [rb.new_id]
+    finally:
+        m.close()
+    plain = _library(store, embedder, scope=False)  # without task_scope an update replaces whatever it names
+    try:
+        (rd,) = plain.apply_operations([Operation("update", text="## Title: t\n## Description: d\n## Content: x.",
+                                                  ids=[ra.new_id])], OpContext(env=ENV, task=b))
+        assert rd.ok and rd.archived == [ra.new_id]
+    finally:
+        plain.close()
