@@ -90,7 +90,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4, help="calls per caller in one measurement")
     ap.add_argument("--repeats", type=int, default=3, help="measurements per setting (local and ray interleaved)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the local manager's embedder (the actor's: Ray's 1)")
+    ap.add_argument("--quick", action="store_true", help="1,000 entries, 2 rounds, 1 repeat (make bench --quick)")
     args = ap.parse_args()
+    if args.quick:
+        args.size, args.rounds, args.repeats = 1000, 2, 1
     import ray
     import torch
 

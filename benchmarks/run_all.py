@@ -11,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-BENCHES = ["bench_retrieval", "bench_envs", "bench_training", "bench_merge", "bench_ui"]
+BENCHES = ["bench_retrieval", "bench_ray_manager", "bench_envs", "bench_training", "bench_merge", "bench_ui"]
 
 
 def main() -> int:

@@ -628,3 +628,46 @@ def test_the_log_tail_follows_the_end(app, page, request):
     page.wait_for_function("() => { const t = document.querySelector('#run-log textarea');"
                            " return t && t.scrollHeight > t.clientHeight && t.scrollTop + t.clientHeight >= t.scrollHeight - 4; }",
                            timeout=UI_S)
+
+
+@needs_trainer
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed: pip install -e '.[ray]'")
+def test_a_ray_run_started_from_the_command_line_shows_live(app, page, request, tiny_model):
+    """`comprl train CONFIG --set run.executor=ray` (its own local Ray cluster) in the workbench's data dir: the
+    workbench needs no change to watch it; its curves gain points while it runs, and its stop command stops it."""
+    cfg = app.data_dir.parent / "ray_run.yaml"
+    cfg.write_text(TINY_RUN.format(model=tiny_model).replace("browser-tiny", "browser-ray").replace("max_steps: 12",
+                                                                                                  "max_steps: 1000"))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+    log = (app.data_dir.parent / "ray_run.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "train", str(cfg), "--set", "run.executor=ray", "--set",
+                             "ray.num_cpus=2", "--data-dir", str(app.data_dir)], cwd=ROOT, env=env, stdout=log,
+                            stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + SLOW_S / 1000
+        while not any(r["name"] == "browser-ray" and r["step"] >= 1 for r in app.store.list_runs()):
+            assert proc.poll() is None, (app.data_dir.parent / "ray_run.log").read_text()[-3000:]
+            assert time.time() < deadline
+            time.sleep(0.5)
+        page.reload()
+        page.wait_for_selector("#runs-table", timeout=60_000)
+        expect(page.locator("#runs-table")).to_contain_text("browser-ray", timeout=UI_S)
+        tab(page, "Live curves")
+        # this run's own traces (another test's run may still be running beside it)
+        points = ("() => { const el = document.querySelector('#curve-success .js-plotly-plot');"
+                  " const t = el && el.data ? el.data.filter(t => (t.name || '').includes('browser-ray')) : [];"
+                  " return t.length ? Math.max(...t.map(t => t.x.length)) : 0; }")
+        page.wait_for_function(f"() => ({points})() >= 1", timeout=SLOW_S)
+        first = page.evaluate(points)
+        page.wait_for_function(f"(n) => ({points})() > n", arg=first, timeout=SLOW_S)
+        shot(page, request, "ray-run-curves")
+        run = next(r for r in app.store.list_runs() if r["name"] == "browser-ray")
+        assert run["status"] == "running"  # the curve grew while it ran
+        app.store.send_command(run["id"], "stop")  # what the workbench's stop button sends
+        assert proc.wait(timeout=SLOW_S / 1000) == 0
+        assert "executor ray: a local cluster started by this run" in (app.data_dir.parent / "ray_run.log").read_text()
+        assert app.store.get_run(run["id"])["status"] == "stopped"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
