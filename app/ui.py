@@ -262,7 +262,7 @@ def build(wb: Workbench) -> gr.Blocks:
                 with gr.Row():
                     ab_name = gr.Textbox(label="name", elem_id="ab-name")
                     ab_env = gr.Dropdown(choices=envs, value=AB_ENV if AB_ENV in envs else None, label="env", elem_id="ab-env")
-                    ab_seeds = gr.Textbox(label="task ids (or seeds)", value="0-31", elem_id="ab-seeds")
+                    ab_seeds = gr.Textbox(label="task ids (or seeds)", value="0-15", elem_id="ab-seeds")
                     ab_task_ids = gr.Checkbox(label="recurring task ids (Dungeon N, as the default run names them); off: env seeds",
                                               value=True, elem_id="ab-task-ids")
                     ab_ckpt = gr.Textbox(label="policy checkpoint folder (empty: default policy)", elem_id="ab-ckpt")
