@@ -49,29 +49,34 @@ extractor: {{model: {{path: {models / 'extractor'}, max_new_tokens: 24}}, buffer
     return path
 
 
-def seed_library(data: Path) -> None:
+def seed_library(data: Path, url: str) -> None:
     """A few entries, so that retrieval, Eq. 6's counters and the extractor's credit all run through the manager."""
     data.mkdir(parents=True, exist_ok=True)
     lines = [{"text": format_entry_text(f"Tip {i}", "MiniHack rooms", f"Move {d} first, then look for the > sign."),
               "env": ENV, "task": f"Reach the stairs in room {i}."} for i, d in enumerate(["north", "east", "south", "west"])]
     f = data / "lib.jsonl"
     f.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    store = ExperienceStore(f"sqlite:///{data / 'workbench.db'}")
+    store = ExperienceStore(url)
     import_library(store, f)
     store.close()
 
 
-def train(cfg: Path, data: Path, *sets: str, timeout: float = 600) -> str:
+def sqlite(data: Path) -> str:
+    return f"sqlite:///{data / 'workbench.db'}"
+
+
+def train(cfg: Path, data: Path, url: str, *sets: str, timeout: float = 600) -> str:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
     args = [a for s in sets for a in ("--set", s)]
-    p = subprocess.run([sys.executable, "-m", "app.cli", "train", str(cfg), *args, "--data-dir", str(data)], cwd=ROOT, env=env,
+    p = subprocess.run([sys.executable, "-m", "app.cli", "train", str(cfg), *args, "--data-dir", str(data), "--db", url],
+                       cwd=ROOT, env=env,
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
     assert p.returncode == 0, p.stdout[-4000:]
     return p.stdout
 
 
-def logged(data: Path) -> tuple[dict, dict, list]:
-    store = ExperienceStore(f"sqlite:///{data / 'workbench.db'}")
+def logged(url: str) -> tuple[dict, dict, list]:
+    store = ExperienceStore(url)
     run = store.list_runs()[0]
     metrics = {(k, s): v for _, k, s, v, _ in store.metrics_since(run["id"]) if not any(t in k for t in TIMED)}
     entries = [(e.id, e.text, e.status.value, e.retrieved_count, e.successes, e.failures)
@@ -81,15 +86,18 @@ def logged(data: Path) -> tuple[dict, dict, list]:
 
 
 @pytest.mark.slow
-def test_a_deterministic_ray_run_logs_what_the_local_run_logs(tmp_path, models):
+@pytest.mark.both_backends
+def test_a_deterministic_ray_run_logs_what_the_local_run_logs(tmp_path, models, new_db_url, db_backend):
+    """On SQLite (the manager actor pinned beside the file) and on Postgres (placed by Ray)."""
     cfg = write_config(tmp_path / "c.yaml", models)
+    urls = {name: new_db_url() for name in ("local", "ray")}
     for name in ("local", "ray"):
-        seed_library(tmp_path / name)
-    train(cfg, tmp_path / "local")
-    out = train(cfg, tmp_path / "ray", "run.executor=ray", "ray.num_cpus=2", "ray.env_actors=2")
+        seed_library(tmp_path / name, urls[name])
+    train(cfg, tmp_path / "local", urls["local"])
+    out = train(cfg, tmp_path / "ray", urls["ray"], "run.executor=ray", "ray.num_cpus=2", "ray.env_actors=2")
     assert "executor ray: a local cluster started by this run" in out and "2 env actor(s) on 1 node(s)" in out
-    run_l, local, lib_l = logged(tmp_path / "local")
-    run_r, remote, lib_r = logged(tmp_path / "ray")
+    run_l, local, lib_l = logged(urls["local"])
+    run_r, remote, lib_r = logged(urls["ray"])
     assert run_l["status"] == run_r["status"] == "finished" and run_r["step"] == 2
     assert ("retrieval/hit_rate", 2) in local and local[("retrieval/hit_rate", 2)] > 0  # the library was searched
     assert ("eval/success_with_exp", 2) in local
@@ -127,11 +135,12 @@ def two_nodes():
 def test_a_run_joins_a_two_node_cluster_and_spreads_its_env_actors(tmp_path, models, two_nodes):
     c, _, _ = two_nodes
     cfg = write_config(tmp_path / "c.yaml", models, steps=1)
-    seed_library(tmp_path / "data")
-    out = train(cfg, tmp_path / "data", "run.executor=ray", f"ray.address={c.address}", "ray.env_actors=2")
+    seed_library(tmp_path / "data", sqlite(tmp_path / "data"))
+    out = train(cfg, tmp_path / "data", sqlite(tmp_path / "data"), "run.executor=ray", f"ray.address={c.address}",
+                "ray.env_actors=2")
     assert "executor ray: the cluster at 127.0.0.1:" in out and "2 node(s)" in out, out[-3000:]
     assert "2 env actor(s) on 2 node(s); the manager on the driver’s node" in out
-    run, metrics, _ = logged(tmp_path / "data")
+    run, metrics, _ = logged(sqlite(tmp_path / "data"))
     assert run["status"] == "finished" and ("policy/success_with_exp", 1) in metrics
 
 
