@@ -187,3 +187,29 @@ def test_an_address_where_nothing_answers_is_refused_at_once():
         check_reachable("127.0.0.1:1", timeout_s=2)
     with pytest.raises(ConfigError, match="HOST:PORT"):
         check_reachable("head-node")
+
+
+def test_a_restarted_rollout_engine_gets_the_learners_weights_back(cluster, tiny):
+    """Weights reach the engine actor through the object store; an engine Ray restarted (the folder's weights) is
+    given the last synced ones before the call is retried."""
+    import torch
+
+    from trainers.ray_exec import RemoteEngine
+
+    engine = RemoteEngine(str(tiny.path), threads=1, cpus=0.5, restart_timeout_s=120)
+    try:
+        prompt = [tiny.encode("north east south west")]
+        greedy = dict(max_new_tokens=6, temperature=0.0)
+        first = engine.generate(prompt, **greedy)
+        assert [o.token_ids for o in first] == [o.token_ids for o in tiny.generate(prompt, **greedy)]
+        changed = {k: (v + 0.5 * torch.randn_like(v) if v.is_floating_point() else v) for k, v in tiny.state_dict_for_sync().items()}
+        engine.sync_weights(changed)
+        after = engine.generate(prompt, **greedy)
+        assert [o.logprobs for o in after] != [o.logprobs for o in first]  # the synced weights are in use
+        kill(ray.get(engine.actor.pid.remote()))
+        again = engine.generate(prompt, **greedy)  # retried once Ray restarted it, with `changed` loaded again
+        assert engine.retried_calls >= 1
+        assert [o.token_ids for o in again] == [o.token_ids for o in after]
+        assert [o.logprobs for o in again] == [o.logprobs for o in after]
+    finally:
+        engine.close()

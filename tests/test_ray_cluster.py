@@ -94,8 +94,10 @@ def test_a_deterministic_ray_run_logs_what_the_local_run_logs(tmp_path, models, 
     for name in ("local", "ray"):
         seed_library(tmp_path / name, urls[name])
     train(cfg, tmp_path / "local", urls["local"])
-    out = train(cfg, tmp_path / "ray", urls["ray"], "run.executor=ray", "ray.num_cpus=2", "ray.env_actors=2")
+    out = train(cfg, tmp_path / "ray", urls["ray"], "run.executor=ray", "ray.num_cpus=2", "ray.env_actors=2",
+                "ray.rollout_engine=true")
     assert "executor ray: a local cluster started by this run" in out and "2 env actor(s) on 1 node(s)" in out
+    assert "rollout engine ray actor: hf (transformers)" in out  # generation in an actor, synced after each update
     run_l, local, lib_l = logged(urls["local"])
     run_r, remote, lib_r = logged(urls["ray"])
     assert run_l["status"] == run_r["status"] == "finished" and run_r["step"] == 2

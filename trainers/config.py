@@ -223,12 +223,16 @@ class RaySection:
     step_timeout_s: float = 30.0  # an env actor silent this long on a step is killed and restarted; its episodes fail
     call_timeout_s: float = 120.0  # a manager call unanswered this long: the actor is taken as hung, restarted, the call retried
     restart_timeout_s: float = 300.0  # how long a manager call keeps retrying while Ray restarts a dead manager actor
+    # the rollout engine (the hf back end) as a Ray actor, its weights synced from the learner through the object store
+    # after every update; False: it stays in the driver
+    rollout_engine: bool = False
+    engine_cpus: float = 0.5  # CPUs Ray reserves for the rollout engine actor
 
     def __post_init__(self) -> None:
         if self.num_cpus < 0 or self.env_actors < 0:
             raise ConfigError("ray.num_cpus and ray.env_actors must be >= 0 (0 = the default)")
-        if self.env_actor_cpus < 0 or self.manager_cpus < 0:
-            raise ConfigError("ray.env_actor_cpus and ray.manager_cpus must be >= 0")
+        if self.env_actor_cpus < 0 or self.manager_cpus < 0 or self.engine_cpus < 0:
+            raise ConfigError("ray.env_actor_cpus, ray.manager_cpus and ray.engine_cpus must be >= 0")
         if self.step_timeout_s <= 0 or self.call_timeout_s <= 0 or self.restart_timeout_s <= 0:
             raise ConfigError("ray.step_timeout_s, ray.call_timeout_s and ray.restart_timeout_s must be > 0")
 
@@ -250,6 +254,9 @@ class RunConfig:
 
             if importlib.util.find_spec("ray") is None:
                 raise ConfigError("run.executor ray needs Ray: pip install -e '.[ray]' (or set run.executor: local)")
+        if self.ray.rollout_engine and (self.run.executor != "ray" or self.actor.backend not in ("auto", "hf")):
+            raise ConfigError("ray.rollout_engine puts the hf rollout engine in a Ray actor: it needs run.executor ray and "
+                              f"actor.backend hf or auto (not {self.actor.backend})")
         # A config never silently means something else: what would be ignored or changed is refused.
         if self.rollout.with_experience is None:
             self.rollout.with_experience = 0 if self.run.variant == "grpo" else self.rollout.group_size // 2

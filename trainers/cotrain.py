@@ -137,6 +137,9 @@ def train(ctx: RunContext) -> None:
 
         cluster = RayCluster(cfg)
         print(f"run {ctx.run_id}: {cluster.describe()}", flush=True)
+        if cfg.ray.rollout_engine:  # generation in an actor, synced from the learner after every update (below)
+            rollout_backend = cluster.rollout_engine(learner)
+            print(f"run {ctx.run_id}: rollout engine {rollout_backend.describe()}", flush=True)
     manager = experience = None
     if cfg.uses_experience:
         from trainers.extractor import ExperienceLoop

@@ -6,7 +6,8 @@
     ...                                             # the same train() as local (trainers/cotrain.py)
     cluster.close()
 
-The driver keeps the loop, the learners and the rollout engine. The store stays the meeting point (a SQLite
+The driver keeps the loop and the learners; the rollout engine too unless `ray.rollout_engine` puts it in an actor
+(`cluster.rollout_engine(learner)`, weights synced through the object store). The store stays the meeting point (a SQLite
 file on one machine, Postgres for several), so the workbench watches a Ray run like any other.
 
 Faults, with Ray's own restarts (`max_restarts=-1`), no scheduler of our own:
@@ -93,6 +94,14 @@ class RayCluster:
         return RemoteManager.start(db_url, cfg.library, seed=cfg.run.seed, cpus=cfg.ray.manager_cpus,
                                    call_timeout_s=cfg.ray.call_timeout_s, restart_timeout_s=cfg.ray.restart_timeout_s,
                                    node_id=self.node_id if db_url.startswith("sqlite") else None)
+
+    def rollout_engine(self, learner) -> "RemoteEngine":  # noqa: ANN001 - trainers.models.HFBackend
+        """The rollout engine as an actor, given the learner's weights at once (the folder may be an older policy)."""
+        rc = self.cfg.ray
+        engine = RemoteEngine(str(learner.path), threads=self.cfg.run.threads or None, cpus=rc.engine_cpus,
+                              restart_timeout_s=rc.restart_timeout_s)
+        engine.sync_weights(learner.state_dict_for_sync())
+        return engine
 
     def close(self) -> None:
         if self.started and ray.is_initialized():
@@ -497,4 +506,105 @@ class RemoteManager:
             ray.get(self.actor.close.remote(), timeout=30)  # the retrieval counters still queued reach the store
         except RayError:
             pass
+        ray.kill(self.actor, no_restart=True)
+
+
+# -- the rollout engine ---------------------------------------------------------------------------------------
+
+
+class EngineActor:
+    """The rollout engine (the hf back end) in its own Ray worker: generates, and loads the learner's weights."""
+
+    def __init__(self, path: str, threads: int | None) -> None:
+        from trainers.models import HFBackend
+
+        self.b = HFBackend(path, device="cpu", num_threads=threads)
+        self.incarnation = uuid.uuid4().hex  # a new value each time Ray (re)starts the actor (with the folder's weights)
+
+    def generate(self, prompts: list[list[int]], kwargs: dict[str, Any]) -> tuple[list[Any], int, str]:
+        return self.b.generate(prompts, **kwargs), self.b.prefill_computed, self.incarnation
+
+    def sync_weights(self, weights: dict[str, Any]) -> str:
+        self.b.load_weights(weights)
+        return self.incarnation
+
+    def drop_sessions(self, keys: list[Any] | None) -> None:
+        self.b.drop_sessions(keys)
+
+    def describe(self) -> str:
+        return self.b.describe()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class RemoteEngine:
+    """The rollout back end's interface (apply_chat_template, generate, sync_weights, drop_sessions, describe) over an
+    engine actor. Prompts are built here with the model's own tokenizer; generation runs in the actor. Weights go
+    through Ray's object store; the last ones are kept there, so an engine that Ray restarted (with the folder's
+    initial weights) is given them again before the call is retried: a rollout never samples from a stale policy."""
+
+    kind = "hf"
+
+    def __init__(self, path: str, *, threads: int | None = None, cpus: float = 1.0,
+                 restart_timeout_s: float = 300.0) -> None:
+        import torch
+        from transformers import AutoTokenizer
+
+        self.path = path
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.device = torch.device("cpu")
+        self.restart_timeout_s = restart_timeout_s
+        self.actor = ray.remote(EngineActor).options(max_restarts=-1, max_task_retries=0, num_cpus=cpus).remote(path, threads)
+        self._weights: Any = None  # ObjectRef of the weights last synced
+        self._synced: str | None = None  # the actor incarnation that holds them
+        self.prefill_computed = 0
+        self.retried_calls = 0
+        self._described = ray.get(self.actor.describe.remote(), timeout=ACTOR_START_TIMEOUT_S)
+
+    def describe(self) -> str:
+        return f"ray actor: {self._described}"
+
+    def apply_chat_template(self, messages: Any, *, add_generation_prompt: bool = True, tokenize: bool = False) -> Any:
+        from trainers.models import _as_chat_template_output
+
+        res = self.tokenizer.apply_chat_template([dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
+                                                 tokenize=tokenize)
+        return _as_chat_template_output(res, tokenize)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _call(self, submit) -> Any:  # noqa: ANN001
+        deadline = time.monotonic() + self.restart_timeout_s
+        while True:
+            try:
+                return ray.get(submit())
+            except RayActorError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the rollout engine actor did not come back within ray.restart_timeout_s="
+                                       f"{self.restart_timeout_s:g} s") from None
+                self.retried_calls += 1
+                time.sleep(1.0)
+
+    def generate(self, prompts: Sequence[Sequence[int]], **kwargs: Any) -> list[Any]:
+        prompts = [list(p) for p in prompts]
+        while True:
+            outs, computed, incarnation = self._call(lambda: self.actor.generate.remote(prompts, kwargs))
+            if self._weights is None or incarnation == self._synced:
+                self.prefill_computed = computed
+                return outs
+            # answered by an engine Ray restarted (the folder's weights): give it the learner's, generate again
+            self._synced = self._call(lambda: self.actor.sync_weights.remote(self._weights))
+
+    def sync_weights(self, weights: Any) -> None:
+        self._weights = ray.put({k: v.detach().cpu() for k, v in weights.items()})
+        self._synced = self._call(lambda: self.actor.sync_weights.remote(self._weights))
+
+    load_weights = sync_weights
+
+    def drop_sessions(self, keys: Any = None) -> None:
+        self._call(lambda: self.actor.drop_sessions.remote(None if keys is None else list(keys)))
+
+    def close(self) -> None:
         ray.kill(self.actor, no_restart=True)
