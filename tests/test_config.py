@@ -71,7 +71,7 @@ def test_grpo_config_is_the_cpu_default_without_experience():
     a = load_run_config(CONFIG_DIR / "minihack_room_cpu.yaml")
     b = load_run_config(CONFIG_DIR / "minihack_room_grpo_cpu.yaml")
     assert b.run.variant == "grpo" and b.rollout.with_experience == 0
-    for sec, f in [("env", "names"), ("env", "max_turns"), ("actor", "lr"), ("actor", "lr_warmup"), ("actor", "temperature"),
+    for sec, f in [("env", "names"), ("env", "max_turns"), ("env", "task_set"), ("actor", "lr"), ("actor", "lr_warmup"), ("actor", "temperature"),
                    ("actor", "path"), ("loss", "aggregation"), ("rollout", "tasks_per_step"), ("rollout", "group_size"),
                    ("run", "max_steps"), ("run", "warmup_steps"), ("run", "eval_every"), ("run", "eval_episodes"),
                    ("run", "eval_at_start")]:
