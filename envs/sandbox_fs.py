@@ -76,13 +76,14 @@ class MountPlan:
 
     covers: dict[str, str] = field(default_factory=dict)
     binds: list[tuple[str, bool]] = field(default_factory=list)
+    trees: list[str] = field(default_factory=list)  # the interpreter's trees (bound back if a scratch cover hides one)
 
     @staticmethod
     def for_interpreter(python: str) -> MountPlan:
         """Cover the first folder others may not enter on the way to each of the interpreter's trees; bind the
         trees back read-only. Empty when the interpreter is already reachable."""
-        plan = MountPlan()
-        for tree in interpreter_trees(python):
+        plan = MountPlan(trees=[str(t) for t in interpreter_trees(python)])
+        for tree in map(Path, plan.trees):
             for up in [*reversed(tree.parents), tree][1:]:  # from the top down, / excluded
                 if not others_can_enter(up):
                     if up == tree:  # the tree itself is closed: there is nothing to expose but it, as it is
@@ -94,10 +95,13 @@ class MountPlan:
 
     def with_scratch(self, keep: list[Path]) -> MountPlan:
         """This plan plus private scratch folders, with `keep` (the episode's folders under them) bound back."""
-        plan = MountPlan(dict(self.covers), list(self.binds))
+        plan = MountPlan(dict(self.covers), list(self.binds), list(self.trees))
         for d in SCRATCH:
             if os.path.isdir(d) and not os.path.islink(d):
                 plan.covers[d] = f"mode=1777,size={SCRATCH_MB}m"
+                # an interpreter installed under a scratch folder (a venv in a checkout under /tmp) stays reachable
+                plan.binds += [(t, True) for t in self.trees if t.startswith(d.rstrip("/") + "/")
+                               and (t, True) not in plan.binds]
         for k in keep:
             plan.binds.append((str(k), False))
         return plan

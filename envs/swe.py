@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.base import EnvError
-from envs.sandbox_fs import MountPlan, set_parent_death_signal
+from envs.sandbox_fs import MountPlan, interpreter_trees, set_parent_death_signal
 from envs.tree_caps import RunGroup, TreeCaps, sweep_stale_groups
 
 TASKS_DIR = Path(__file__).resolve().parent.parent / "assets" / "swe_tasks"
@@ -155,7 +155,7 @@ def _interpreter_plan(exe: str) -> tuple[bool, MountPlan | None]:
     namespace). Runs get a namespace with private scratch folders wherever one can be made (and, if the user cannot
     reach `exe` as things are, the interpreter exposed in it); (False, None): agent code is refused, never root."""
     plain = _uid_can_run(SANDBOX_UID, exe)
-    plan = MountPlan() if plain else MountPlan.for_interpreter(exe)
+    plan = MountPlan(trees=[str(t) for t in interpreter_trees(exe)]) if plain else MountPlan.for_interpreter(exe)
     if (plain or plan.covers) and _uid_can_run(SANDBOX_UID, exe, plan.with_scratch([])):
         return True, plan
     return plain, None  # reachable, but no mount namespace here (no CAP_SYS_ADMIN): the shared /tmp stays
