@@ -539,3 +539,14 @@ def test_swe_bench_harness_timeout_kills_its_whole_tree(tmp_path, monkeypatch):
         assert left == []
     with pytest.raises(EnvError, match="harness_timeout"):
         BenchInstances(jl, harness_timeout=0)
+
+
+def test_an_interpreter_under_a_scratch_folder_stays_reachable_in_the_runs_namespace():
+    """A checkout under /tmp (a clean clone there) has its venv under /tmp, which each run covers with a private
+    tmpfs: the plan binds the interpreter's trees under a covered scratch folder back, read-only; others not."""
+    from envs.sandbox_fs import MountPlan
+
+    plan = MountPlan(trees=["/tmp/ci/.venv", "/usr/lib/python3.11"]).with_scratch([Path("/tmp/swe_ep_1")])
+    assert plan.covers.get("/tmp", "").startswith("mode=1777")
+    assert ("/tmp/ci/.venv", True) in plan.binds and ("/usr/lib/python3.11", True) not in plan.binds
+    assert ("/tmp/swe_ep_1", False) in plan.binds
