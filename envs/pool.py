@@ -132,6 +132,34 @@ def _worker(conn: Connection, specs: dict[int, EnvSpec]) -> None:
     conn.close()
 
 
+class SlotPoolAPI:
+    """The slot interface the Roller uses, over `_run(commands, timeout_s)`: shared by the process pool (EnvPool)
+    and the Ray actors' pool (trainers/ray_exec.py RayEnvPool)."""
+
+    specs: list[EnvSpec]
+    reset_timeout_s: float
+    step_timeout_s: float
+
+    def _run(self, commands: list[tuple[str, int, Any]], timeout_s: float) -> list[SlotResult]:
+        raise NotImplementedError
+
+    @property
+    def num_slots(self) -> int:
+        return len(self.specs)
+
+    def reset_many(self, requests: Sequence[tuple[int, int | None, dict[str, Any] | None]]) -> list[SlotResult]:
+        """Start an episode in each (slot, seed, options); results come back in request order."""
+        return self._run([("reset", slot, (seed, options)) for slot, seed, options in requests], self.reset_timeout_s)
+
+    def step_many(self, requests: Sequence[tuple[int, str]]) -> list[SlotResult]:
+        """Play one action in each (slot, action); results come back in request order."""
+        return self._run([("step", slot, action) for slot, action in requests], self.step_timeout_s)
+
+    def expert_many(self, slots: Sequence[int]) -> list[str | None]:
+        """The scripted expert's next action for each slot (None where it failed)."""
+        return [None if r.error else r.obs for r in self._run([("expert", s, None) for s in slots], self.step_timeout_s)]
+
+
 @dataclass
 class _Replayable:
     """What it takes to rebuild a slot's running episode in a new worker."""
@@ -150,7 +178,7 @@ class _Worker:
     restarts: int = 0
 
 
-class EnvPool:
+class EnvPool(SlotPoolAPI):
     """A fixed set of env slots served by worker processes, with a per-step timeout."""
 
     def __init__(self, envs: Sequence[EnvSpec], num_workers: int | None = None, *, step_timeout_s: float = 30.0,
@@ -176,22 +204,6 @@ class EnvPool:
         self._finalizer = weakref.finalize(self, EnvPool._shutdown, list(self._workers))
 
     # ---------------------------------------------------------------- public API
-
-    @property
-    def num_slots(self) -> int:
-        return len(self.specs)
-
-    def reset_many(self, requests: Sequence[tuple[int, int | None, dict[str, Any] | None]]) -> list[SlotResult]:
-        """Start an episode in each (slot, seed, options); results come back in request order."""
-        return self._run([("reset", slot, (seed, options)) for slot, seed, options in requests], self.reset_timeout_s)
-
-    def step_many(self, requests: Sequence[tuple[int, str]]) -> list[SlotResult]:
-        """Play one action in each (slot, action); results come back in request order."""
-        return self._run([("step", slot, action) for slot, action in requests], self.step_timeout_s)
-
-    def expert_many(self, slots: Sequence[int]) -> list[str | None]:
-        """The scripted expert's next action for each slot (None where it failed)."""
-        return [None if r.error else r.obs for r in self._run([("expert", s, None) for s in slots], self.step_timeout_s)]
 
     def restarts(self) -> int:
         return sum(w.restarts for w in self._workers)

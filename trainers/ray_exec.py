@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 from core.config import ConfigError, LibraryConfig
 from core.types import Operation, OpResult, Status
-from envs.pool import EnvSpec, SlotResult, _failure, close_envs, serve_command
+from envs.pool import EnvSpec, SlotPoolAPI, SlotResult, _failure, close_envs, serve_command
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage reporting (set before Ray is imported)
 
@@ -163,7 +163,7 @@ class EnvActor:
         close_envs(self.envs)
 
 
-class RayEnvPool:
+class RayEnvPool(SlotPoolAPI):
     """EnvPool's interface (reset_many, step_many, expert_many, restarts, close) over Ray actors: slot i lives in
     actor i % num_actors, whose slots are stepped one after the other in one call per step. A dead or silent actor
     fails its unanswered commands and every running episode it held, and Ray restarts it."""
@@ -194,19 +194,6 @@ class RayEnvPool:
                                f"reserves ray.env_actor_cpus={actor_cpus:g} CPUs; check `ray status` for free CPUs or "
                                "lower ray.env_actors / ray.env_actor_cpus") from None
         self._incarnation = [i["incarnation"] for i in infos]
-
-    @property
-    def num_slots(self) -> int:
-        return len(self.specs)
-
-    def reset_many(self, requests: Sequence[tuple[int, int | None, dict[str, Any] | None]]) -> list[SlotResult]:
-        return self._run([("reset", slot, (seed, options)) for slot, seed, options in requests], self.reset_timeout_s)
-
-    def step_many(self, requests: Sequence[tuple[int, str]]) -> list[SlotResult]:
-        return self._run([("step", slot, action) for slot, action in requests], self.step_timeout_s)
-
-    def expert_many(self, slots: Sequence[int]) -> list[str | None]:
-        return [None if r.error else r.obs for r in self._run([("expert", s, None) for s in slots], self.step_timeout_s)]
 
     def restarts(self) -> int:
         return self._restarts
