@@ -72,9 +72,8 @@ def main() -> None:
     t0 = time.time()
     demos = W.collect_demos(cfg)
     tokenizer = W.demo_tokenizer(cfg, demos)
-    extract = [d for d in demos]
-    ex = [W._join(tokenizer, W._chat_ids(tokenizer, W._extractor_prompt(cfg, d)), W._extractor_target(d)[1], "x") for d in extract]
-    layout = copy_distances(tokenizer, ex, extract)
+    ex = [W._join(tokenizer, W._chat_ids(tokenizer, W._extractor_prompt(cfg, d)), W._extractor_target(d)[1], "x") for d in demos]
+    layout = copy_distances(tokenizer, ex, demos)
     t_train = time.time()
     model, examples, dropped, losses, short_losses = W.train_extractor(cfg, demos, tokenizer)
     train_s = time.time() - t_train
