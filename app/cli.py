@@ -421,8 +421,8 @@ def build_parser() -> argparse.ArgumentParser:
     mo.add_argument("--out", default="", help="import-gguf: the folder to write (default: DATA_DIR/models/smollm2-135m-instruct)")
     mo.add_argument("--envs", default="", help="comma-separated envs the warm start plays instead of the default's "
                                                "(minihack/* or alfworld/*; use the built folders by path in a config)")
-    mo.add_argument("--policy-steps", type=int, default=None, help="policy SFT steps instead of the default's (90)")
-    mo.add_argument("--extractor-steps", type=int, default=None, help="extractor SFT steps instead of the default's (600)")
+    mo.add_argument("--policy-steps", type=int, default=None, help="policy SFT steps instead of the default build's (WarmStartConfig.policy_steps)")
+    mo.add_argument("--extractor-steps", type=int, default=None, help="extractor SFT steps on every example kind instead of the default build's (WarmStartConfig.extractor_steps)")
     mo.add_argument("--set", action="append", metavar="FIELD=VALUE",
                     help="override one warm-start field (YAML value; trainers/warmstart.py WarmStartConfig), "
                          "e.g. --set policy_hidden=256 --set dagger_episodes=96")
