@@ -62,7 +62,7 @@ MARKER = "warmstart.json"
 # Bump when the pipeline changes in a way that should rebuild existing folders. 4: the tokenizer splits
 # as the loaded one does; ALFWorld keeps its first observation in the prompt (env.keep_intro). 5: the policy's
 # reply starts with a space (ACTION_LEAD); the dark room's teacher reads its entry's heading.
-FORMAT_VERSION = 6  # (the debrief has one shape; the think quotes it; the trajectory ends the extraction prompt)
+FORMAT_VERSION = 7  # (MiniHack teacher: the think quotes the debrief; add when it states the place, else nothing)
 # The policy's demonstrated reply is " south", not "south": the byte-level tokenizer makes "south" at the start of a
 # reply a different token from the " south" that the prompt holds ("head south.", "a step south brings you closer").
 # With the models' tied embeddings, copying a token the prompt holds is close to an identity map, while "south" for
@@ -137,6 +137,10 @@ class WarmStartConfig:
     batch_size: int = 16  # sequences per policy SFT step
     extractor_batch_size: int = 4  # sequences per extractor SFT step (its sequences are about twice as long)
     threads: int = 0  # torch CPU threads while building; 0 = the cores left free by the current load (>= 1)
+    # Train the extractor in a second process beside the policy when at least two threads are free (each takes half):
+    # the two models share only the demonstrations and the tokenizer. The extractor then learns from the expert's
+    # demonstrations alone, not the policy's DAgger episodes (24 of ~3,000). False: one after the other, in-process.
+    parallel: bool = True
     # Weight of a language-model loss on the prompt tokens of each policy example, beside the loss on
     # the action's tokens (0 = action tokens only). The prompt repeats names (the task's object in the
     # task line, the listing and the observation), a signal for copying; measured, it did not help: at
@@ -589,40 +593,38 @@ def _answer(think: str, ops: list[dict[str, Any]]) -> str:
     return f"<think>{think}</think><answer>{json.dumps(ops, ensure_ascii=False)}</answer>"
 
 
-def _debrief_quote(demo: Demo) -> str:
-    """The MiniHack debrief that states where the staircase was ('Debrief: the staircase down (>) was 2 south and
-    0 east ...; from the start, head south.'), word for word from the final observation; '' when it states none."""
+def _debrief(demo: Demo) -> str:
+    """The MiniHack debrief, word for word from the final observation ('Debrief: the staircase down (>) was 2 south
+    and 0 east ...; from the start, head south.' or 'Debrief: you never saw the staircase down (>).'); '' elsewhere."""
     at = demo.final_observation.rfind("Debrief:")
-    if not demo.env.startswith("minihack/") or at < 0 or _claimed(demo.final_observation) is None:
-        return ""
-    return demo.final_observation[at:].strip()
+    return demo.final_observation[at:].strip() if demo.env.startswith("minihack/") and at >= 0 else ""
+
+
+def _debrief_quote(demo: Demo) -> str:
+    """The debrief when it states where the staircase was; '' when it states none."""
+    return _debrief(demo) if _claimed(demo.final_observation) is not None else ""
 
 
 def _extractor_target(demo: Demo) -> tuple[list[dict[str, Any]], str]:
     """(ops, answer) the rule-based teacher writes for an episode.
 
-    MiniHack, where the debrief says where the staircase was: the think quotes it word for word and nothing else,
-    and the lesson repeats it, added, or replacing the memory shown (a right one is refreshed by an episode that
-    checked it, a wrong one corrected). Each op puts its text first (`{"new_memory": ...}`, `{"updated_memory":
-    ...}`): the debrief ends the prompt, the quote starts the answer and the lesson follows after a fixed run of
-    tokens, so both copies lie at a fixed distance for every level (the debrief's shape is fixed too,
-    `stairs_sentence`); a tiny extractor learns that in a few hundred steps, where copying across a varying distance
-    had not been learnt after 1,000. Which op depends only on whether a memory was shown, which the prompt says.
-    When the episode never saw the staircase, a memory shown stays ([]) and without one the lesson says where it was
-    not. ALFWorld: nothing new when a correct memory was followed cleanly to success; replace a wrong memory (or
-    refine a right one) with the lesson; else add the lesson."""
+    MiniHack: the think is the debrief word for word and nothing else. Where it says where the staircase was, the
+    lesson repeats it and is added, whatever memory was shown (a right memory gains a twin the merges fold in, a
+    wrong one a rival whose retrieval rewards tell them apart); where it says the staircase was never seen, nothing
+    is written ([]): such a lesson gives the actor nothing to act on and took the top retrieval slot from a right
+    one (thirteenth round: 80% of the library, 14-20% of entries right). So the op follows from the sentence just
+    quoted, which a tiny extractor can learn, where v6's "update [0] when a memory was shown" was answered with no
+    memory shown in 7 of 8 cases. Each op puts its text first (`{"new_memory": ...}`): the debrief ends the prompt,
+    the quote starts the answer and the lesson follows after a fixed run of tokens, so both copies lie at a fixed
+    distance for every level (the debrief's shape is fixed too, `stairs_sentence`). ALFWorld: nothing new when a
+    correct memory was followed cleanly to success; replace a wrong memory (or refine a right one) with the lesson;
+    else add the lesson."""
     lesson, reason = _lesson(demo)
     shown = demo.condition in ("correct", "wrong") and bool(demo.entry)
-    quote = _debrief_quote(demo)
     ops: list[dict[str, Any]]
     if demo.env.startswith("minihack/"):
-        if quote:
-            ops = [{"updated_memory": lesson, "function": "update", "idx_list": [0]}] if shown else [{"new_memory": lesson, "function": "add"}]
-            return ops, _answer(quote, ops)
-        if shown:
-            return [], _answer(reason + " The memory shown stays: this episode cannot check it.", [])
-        ops = [{"new_memory": lesson, "function": "add"}]
-        return ops, _answer(reason, ops)
+        ops = [{"new_memory": lesson, "function": "add"}] if _debrief_quote(demo) else []
+        return ops, _answer(_debrief(demo) or reason, ops)
     if demo.condition == "correct" and demo.success and all(t.taken == t.label for t in demo.turns):
         ops = []
         think = "The memory shown was right and the agent followed it to success; nothing new was learned."
@@ -968,6 +970,11 @@ def _free_cores() -> int:
     return max(1, min(n, int(n - load + 0.5)))
 
 
+def _children_cpu_s() -> float:
+    t = os.times()
+    return t.children_user + t.children_system
+
+
 def _count_params(model: Any) -> int:
     return sum(p.numel() for p in model.parameters())
 
@@ -1012,11 +1019,89 @@ def train_extractor(cfg: WarmStartConfig, demos: Sequence[Demo], tokenizer: Any,
     return extractor, ext_ex, ext_dropped, losses, short_losses
 
 
+def _extractor_summary(extractor: Any, ext_ex: Sequence[SFTExample], dropped: int, losses: list[float],
+                       short_losses: list[float]) -> dict[str, Any]:
+    kinds: dict[str, int] = {}
+    for e in ext_ex:
+        kinds[e.kind] = kinds.get(e.kind, 0) + 1
+    return {"params": _count_params(extractor), "examples": len(ext_ex), "dropped_too_long": dropped,
+            "loss_first": round(sum(losses[:10]) / max(1, len(losses[:10])), 4),
+            "loss_last": round(sum(losses[-10:]) / max(1, len(losses[-10:])), 4),
+            **({"short_prompt": {"steps": len(short_losses), "loss_first": round(sum(short_losses[:10]) / 10, 4),
+                                 "loss_last": round(sum(short_losses[-10:]) / 10, 4)}} if len(short_losses) >= 10 else {}),
+            "kinds": kinds}
+
+
+def _extractor_process(cfg: WarmStartConfig, demos: list[Demo], tokenizer: Any, out: str, threads: int, done: Any) -> None:
+    """The extractor's build in a child process (spawned: `_build` with `cfg.parallel`): trains, saves the model
+    folder to `out` and its summary to `out`/summary.json, or the error to `out`/error.txt. `done` counts its SFT
+    steps for the parent's progress bar."""
+    out_dir = Path(out)
+    try:
+        torch.set_num_threads(threads)
+        torch.manual_seed(cfg.seed)
+
+        def tick(n: int) -> None:
+            with done.get_lock():
+                done.value += n
+
+        extractor, ext_ex, dropped, losses, short_losses = train_extractor(cfg, demos, tokenizer, tick=tick)
+        save_model_folder(extractor, tokenizer, out_dir)
+        (out_dir / "summary.json").write_text(json.dumps(_extractor_summary(extractor, ext_ex, dropped, losses, short_losses)))
+    except BaseException as exc:  # noqa: BLE001 - reported by the parent, which raises
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "error.txt").write_text(f"{type(exc).__name__}: {exc}")
+        raise
+
+
+class _ExtractorBeside:
+    """The extractor trained in a spawned process while this one trains the policy; `tick` forwards its steps to
+    the progress bar, `join` waits for it and returns its summary (raises with its error)."""
+
+    def __init__(self, cfg: WarmStartConfig, demos: list[Demo], tokenizer: Any, out: Path, threads: int,
+                 bar_update: Callable[[int], None]) -> None:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")  # not fork: torch's thread pools do not survive a fork
+        self._done = ctx.Value("i", 0)
+        self._seen = 0
+        self._out, self._bar_update = out, bar_update
+        self._proc = ctx.Process(target=_extractor_process, args=(cfg, demos, tokenizer, str(out), threads, self._done),
+                                 name="comprl-extractor-build", daemon=True)
+        self._proc.start()
+
+    def drain(self) -> None:
+        n = self._done.value
+        if n > self._seen:
+            self._bar_update(n - self._seen)
+            self._seen = n
+
+    def join(self) -> dict[str, Any]:
+        while self._proc.is_alive():
+            self._proc.join(0.5)
+            self.drain()
+        self.drain()
+        err = self._out / "error.txt"
+        if self._proc.exitcode != 0 or err.is_file():
+            why = err.read_text() if err.is_file() else f"exit code {self._proc.exitcode}"
+            raise RuntimeError(f"the extractor's build process failed: {why}")
+        return json.loads((self._out / "summary.json").read_text())
+
+    def stop(self) -> None:
+        if self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join(5)
+
+
 def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
     """Steps 1-6 into `tmp/policy` and `tmp/extractor`; returns the measured results."""
-    t0, c0 = time.time(), time.process_time()
+    t0, c0, children_c0 = time.time(), time.process_time(), _children_cpu_s()
     torch.manual_seed(cfg.seed)
     threads = cfg.threads or _free_cores()
+    # with cfg.parallel and two or more threads free, the extractor trains beside the policy on half of them
+    beside_threads = threads - threads // 2 if cfg.parallel and threads >= 2 else 0
+    threads -= beside_threads
+    beside: _ExtractorBeside | None = None
     load_at_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     n_envs = len(cfg.envs)
     units = cfg.demo_episodes * n_envs + cfg.short_prompt_steps + cfg.policy_steps + cfg.extractor_short_steps + cfg.extractor_steps + 3
@@ -1041,6 +1126,13 @@ def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
         bar.update(1)
         pad_id = int(tokenizer.pad_token_id)
         action_tokens = action_token_budget(tokenizer, demos, cfg)
+        if beside_threads:
+            beside = _ExtractorBeside(cfg, list(demos), tokenizer, tmp / "extractor", beside_threads, bar.update)
+
+        def tick(n: int) -> None:
+            bar.update(n)
+            if beside is not None:
+                beside.drain()
 
         stage("policy SFT")
         pol_ex, pol_dropped = policy_examples(demos, tokenizer, cfg)
@@ -1053,11 +1145,11 @@ def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
             stage("policy SFT (short prompts)")
             short_ex, _ = policy_examples(demos, tokenizer, cfg, short=True)
             _, short_losses = _sft(policy, short_ex, cfg.short_prompt_steps, cfg, pad_id=pad_id, seed=cfg.seed + 4,
-                                   batch_size=cfg.batch_size, tick=bar.update, prompt_loss_weight=cfg.prompt_loss_weight)
+                                   batch_size=cfg.batch_size, tick=tick, prompt_loss_weight=cfg.prompt_loss_weight)
             stage("policy SFT")
         first = int(round(cfg.policy_steps * cfg.dagger_at)) if cfg.dagger_episodes > 0 else cfg.policy_steps
         opt, losses = _sft(policy, pol_ex, first, cfg, pad_id=pad_id, seed=cfg.seed, batch_size=cfg.batch_size,
-                           tick=bar.update, total_steps=cfg.policy_steps, prompt_loss_weight=cfg.prompt_loss_weight)
+                           tick=tick, total_steps=cfg.policy_steps, prompt_loss_weight=cfg.prompt_loss_weight)
 
         dagger_stats: dict[str, Any] = {}
         if cfg.dagger_episodes > 0 and cfg.policy_steps - first > 0:
@@ -1077,38 +1169,48 @@ def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
                             "disagreement": sum(t.label != t.taken for d in dag for t in d.turns) / max(1, sum(len(d.turns) for d in dag))}
             stage("policy SFT (DAgger)")
             opt, more = _sft(policy, pol_ex + dag_ex, cfg.policy_steps - first, cfg, pad_id=pad_id, seed=cfg.seed + 1,
-                             batch_size=cfg.batch_size, tick=bar.update, start_step=first, total_steps=cfg.policy_steps, optimizer=opt,
+                             batch_size=cfg.batch_size, tick=tick, start_step=first, total_steps=cfg.policy_steps, optimizer=opt,
                              prompt_loss_weight=cfg.prompt_loss_weight)
             losses += more
             shutil.rmtree(tmp / "policy")
             demos += dag
         del opt
 
-        extractor, ext_ex, ext_dropped, ext_losses, ext_short_losses = train_extractor(
-            cfg, demos, tokenizer, tick=bar.update, stage=stage)
+        if beside is None:
+            extractor, ext_ex, ext_dropped, ext_losses, ext_short_losses = train_extractor(
+                cfg, demos, tokenizer, tick=bar.update, stage=stage)
+            save_model_folder(extractor, tokenizer, tmp / "extractor")
+            ext_summary = _extractor_summary(extractor, ext_ex, ext_dropped, ext_losses, ext_short_losses)
+            del extractor
 
         stage("save")
         save_model_folder(policy, tokenizer, tmp / "policy")
-        save_model_folder(extractor, tokenizer, tmp / "extractor")
         bar.update(1)
 
         stage("evaluate")
         pol_backend = load_backend("hf", tmp / "policy", device="cpu", quiet=True)
         pol_eval, eval_demos = _evaluate_policy(pol_backend, cfg, action_tokens)
         del pol_backend
+        if beside is not None:
+            stage("waiting for the extractor")
+            ext_summary = beside.join()
+            beside = None
+            stage("evaluate the extractor")
         ext_backend = load_backend("hf", tmp / "extractor", device="cpu", quiet=True)
         ext_eval = _evaluate_extractor(ext_backend, cfg, eval_demos)
         del ext_backend
         bar.update(1)
         timings["done"] = round(time.time() - t0, 1)
     finally:
+        if beside is not None:  # the policy's build failed or was interrupted
+            beside.stop()
         bar.close()
         torch.set_num_threads(old_threads)
         if bars_were_on:
             hf_logging.enable_progress_bar()
 
-    kinds: dict[str, int] = {}
-    for e in pol_ex + ext_ex:
+    kinds: dict[str, int] = dict(ext_summary.pop("kinds"))
+    for e in pol_ex:
         kinds[e.kind] = kinds.get(e.kind, 0) + 1
     return {
         "policy": {"params": _count_params(policy), "examples": len(pol_ex), "dropped_too_long": pol_dropped,
@@ -1117,12 +1219,7 @@ def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
                    **({"short_prompt": {"steps": len(short_losses), "loss_first": round(sum(short_losses[:10]) / len(short_losses[:10]), 4),
                                         "loss_last": round(sum(short_losses[-10:]) / len(short_losses[-10:]), 4)}} if short_losses else {}),
                    "dagger": dagger_stats, "eval": pol_eval, "action_max_new_tokens": action_tokens},
-        "extractor": {"params": _count_params(extractor), "examples": len(ext_ex), "dropped_too_long": ext_dropped,
-                      "loss_first": round(sum(ext_losses[:10]) / max(1, len(ext_losses[:10])), 4),
-                      "loss_last": round(sum(ext_losses[-10:]) / max(1, len(ext_losses[-10:])), 4),
-                      **({"short_prompt": {"steps": len(ext_short_losses), "loss_first": round(sum(ext_short_losses[:10]) / 10, 4),
-                                           "loss_last": round(sum(ext_short_losses[-10:]) / 10, 4)}} if len(ext_short_losses) >= 10 else {}),
-                      "eval": ext_eval},
+        "extractor": {**ext_summary, "eval": ext_eval, "beside_the_policy": bool(beside_threads)},
         "demos": {"episodes": sum(1 for d in demos if d.source in ("expert", "noisy")),
                   "expert_success": sum(d.success for d in demos if d.source == "expert") / max(1, sum(d.source == "expert" for d in demos)),
                   "conditions": {c: sum(d.condition == c for d in demos) for c in ("none", "correct", "wrong")}},
@@ -1130,9 +1227,10 @@ def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
         "vocab": len(tokenizer),
         "timings_s": timings,
         "wall_s": round(time.time() - t0, 1),
-        # CPU seconds of this process: with one thread, the wall time on an otherwise idle machine.
-        "cpu_s": round(time.process_time() - c0, 1),
-        "threads": threads,
+        # CPU seconds of this process (and of the extractor's, when it trained beside: a child's are counted once it
+        # has been waited for); with one thread each, the wall time on an otherwise idle machine.
+        "cpu_s": round(time.process_time() - c0 + _children_cpu_s() - children_c0, 1),
+        "threads": threads + beside_threads,
         "load_avg_at_start": round(load_at_start, 2),
     }
 
