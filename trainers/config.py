@@ -146,8 +146,15 @@ class RolloutSection:
     # a turn prefills only what the last prompt lacked. Not used with compact prompts (they share only the system text
     # and task, already run once per batch; benchmarks/results/bench_training_sessions_tiny.md).
     reuse_cache: bool = True
+    # decode each reply constrained to the env's admissible actions ("guided choice": a logits mask on the hf back end,
+    # structured outputs on vLLM, a GBNF grammar on a llama.cpp server), on envs whose list is complete (MiniHack,
+    # ALFWorld, WebShop with its search query left free; never SWE, whose list names only some commands); a
+    # search-and-ask call stays possible while its budget lasts. Off: free replies, read by the tolerant parser.
+    constrain_actions: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.constrain_actions, bool):
+            raise ConfigError(f"rollout.constrain_actions must be true or false, not {self.constrain_actions!r}")
         if self.prompt_style not in ("compact", "chat"):
             raise ConfigError(f"rollout.prompt_style must be compact or chat, not {self.prompt_style!r}")
         if self.tasks_per_step < 1 or self.group_size < 1:

@@ -23,6 +23,11 @@ top-p) — exactly what `logprobs()` recomputes, so they serve as `logp_old` in 
 actually sampled from (after temperature and top-p); the hf back end fills them, for importance
 corrections and entropy diagnostics.
 
+Constrained replies (`generate(..., choices=[ActionChoice | admissible list | None, ...])`): each back end keeps
+a reply on its row's allowed strings, the hf back end with a logits mask in its sampling loop, vLLM through its
+structured outputs, an OpenAI-compatible llama.cpp server through a GBNF grammar. The log-probs rule above holds:
+`logprobs` are the unmasked model's (see HFBackend.generate for why).
+
 Also here: building the tiny embedded default models (`build_tokenizer`, `build_tiny_qwen2`).
 """
 from __future__ import annotations
@@ -31,6 +36,7 @@ import importlib.util
 import inspect
 import json
 import os
+import re
 import tempfile
 import threading
 import time
@@ -54,6 +60,8 @@ __all__ = [
     "VLLMWeightSyncExtension",
     "load_backend",
     "inference_backend",
+    "ActionChoice",
+    "as_choice",
     "vllm_available",
     "build_tokenizer",
     "build_tiny_qwen2",
@@ -123,6 +131,7 @@ class ModelBackend(Protocol):
         top_p: float = 1.0,
         stop: Sequence[str] | None = None,
         seed: int | None = None,
+        choices: Sequence["ActionChoice | Sequence[str] | None"] | None = None,  # constrained replies (HFBackend.generate)
     ) -> list[GenerationOutput]: ...
 
     def chat(self, conversations: Sequence[Messages], **generate_kwargs: Any) -> list[GenerationOutput]: ...
@@ -228,6 +237,161 @@ def _end_token_ids(tokenizer: Any, generation_config: Any = None) -> set[int]:
 def _chat_generate(backend: Any, conversations: Sequence[Messages], **kw: Any) -> list[GenerationOutput]:
     prompts = [backend.apply_chat_template(c, add_generation_prompt=True, tokenize=True) for c in conversations]
     return backend.generate(prompts, **kw)
+
+
+# ---------------------------------------------------------------------------- constrained replies (admissible actions)
+
+PLACEHOLDER = re.compile(r"<[A-Za-z_][A-Za-z0-9_ -]*>")  # "search[<query>]": the part from here on is free text
+
+
+@dataclass(frozen=True)
+class ActionChoice:
+    """What a constrained reply may be ("guided choice"): exactly one of `actions`, then an end token; or one of
+    `open_prefixes` followed by free text (a search-and-ask call "<search_and_ask>…", WebShop's "search[<query>]",
+    whose query no list can hold). Every back end reads it at the character level: any tokenization of an allowed
+    string is allowed, as vLLM's structured outputs and llama.cpp's grammars do.
+
+        ActionChoice.of(["go to fridge 1", "look", "search[<query>]"])
+        -> actions ("go to fridge 1", "look"), open_prefixes ("search[",)
+    """
+
+    actions: tuple[str, ...]
+    open_prefixes: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, admissible: Sequence[str], open_prefixes: Sequence[str] = ()) -> "ActionChoice":
+        """An env's admissible-action list: an entry with a <placeholder> becomes an open prefix (the text before it)."""
+        acts: list[str] = []
+        opens: list[str] = [p for p in open_prefixes if p]
+        for a in admissible:
+            a = str(a)
+            m = PLACEHOLDER.search(a)
+            if m:
+                if a[: m.start()]:
+                    opens.append(a[: m.start()])
+            elif a.strip():
+                acts.append(a)
+        return cls(tuple(dict.fromkeys(acts)), tuple(dict.fromkeys(opens)))
+
+    def __bool__(self) -> bool:
+        return bool(self.actions or self.open_prefixes)
+
+    def gbnf(self) -> str:
+        """A GBNF grammar (llama.cpp's `grammar` field) whose sentences are exactly the allowed replies."""
+        alts = [_gbnf_literal(a) for a in self.actions] + [f'{_gbnf_literal(p)} [^\\n]*' for p in self.open_prefixes]
+        return "root ::= " + " | ".join(alts) + "\n"
+
+    def regex(self) -> str:
+        """The same set as a regular expression (vLLM's structured outputs when an open prefix needs one)."""
+        alts = [_regex_literal(a) for a in self.actions] + [_regex_literal(p) + r"[^\n]*" for p in self.open_prefixes]
+        return "(" + "|".join(alts) + ")"
+
+
+def _regex_literal(s: str) -> str:
+    # only the metacharacters (re.escape also escapes spaces, which some grammar compilers' regex readers refuse)
+    return re.sub(r"([.^$*+?()\[\]{}|\\])", r"\\\1", s).replace("\n", "\\n")
+
+
+def _gbnf_literal(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t") + '"'
+
+
+def as_choice(c: ActionChoice | Sequence[str] | None) -> ActionChoice | None:
+    """None (free), an ActionChoice, or a plain list of admissible actions (read by ActionChoice.of)."""
+    if c is None or isinstance(c, ActionChoice):
+        return c or None
+    if isinstance(c, str):
+        raise TypeError("a choice is a list of actions, not one string")
+    return ActionChoice.of(c) or None
+
+
+class ChoiceVocab:
+    """A tokenizer's vocabulary as text, for masking: `by_text` maps a token's text (as it reads inside a reply,
+    leading space kept) to its ids. Special tokens, empty pieces and pieces that are part of a UTF-8 character are
+    left out (a reply may still end in an end token, which the constraint adds itself)."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
+        self.tokenizer = tokenizer
+        n = min(vocab_size, len(tokenizer))
+        special = set(getattr(tokenizer, "all_special_ids", []) or [])
+        # Decoded after an anchor token so that tokenizers which drop a piece's leading space when it starts the
+        # text (sentencepiece's "▁to") give " to"; byte-level BPE gives the same with or without the anchor.
+        anchor = tokenizer("a", add_special_tokens=False)["input_ids"][:1]
+        head = tokenizer.decode(anchor) if anchor else ""
+        texts = tokenizer.batch_decode([anchor + [i] for i in range(n)], skip_special_tokens=False,
+                                       clean_up_tokenization_spaces=False)
+        self.by_text: dict[str, list[int]] = {}
+        self.piece: dict[int, str] = {}
+        for i, t in enumerate(texts):
+            if i in special or not t.startswith(head):
+                continue
+            piece = t[len(head):]
+            if piece and "\ufffd" not in piece:
+                self.by_text.setdefault(piece, []).append(i)
+                self.piece[i] = piece
+        self.longest = max((len(k) for k in self.by_text), default=1)
+        self._ntok: dict[str, int] = {"": 0}
+
+    def tokens_for(self, s: str) -> int:
+        """Tokens the tokenizer spends on `s` (a bound on the fewest a reply needs to write it)."""
+        n = self._ntok.get(s)
+        if n is None:
+            n = self._ntok[s] = len(self.tokenizer(s, add_special_tokens=False)["input_ids"])
+            if len(self._ntok) > 200_000:
+                self._ntok = {"": 0}
+        return n
+
+
+class ChoiceState:
+    """One row's progress through an ActionChoice while it decodes: the reply's text so far, which token ids may
+    come next, and when the reply has reached an open prefix (free from then on)."""
+
+    def __init__(self, choice: ActionChoice, vocab: ChoiceVocab, end_ids: Iterable[int]) -> None:
+        self.choice, self.vocab, self.end_ids = choice, vocab, sorted(end_ids)
+        self.text = ""
+        self.free = False
+
+    def allowed(self, budget: int) -> list[int] | None:
+        """Token ids that keep the reply on an allowed string, with `budget` tokens left for the reply (this one
+        included): a token is kept when the rest of its action still fits, unless none does (then every token that
+        stays on an action, so the reply is cut as a prefix of one rather than wander off). None: no constraint."""
+        if self.free:
+            return None
+        g = self.text
+        fits: set[int] = set()
+        any_: set[int] = set()
+        for a in self.choice.actions:
+            if a.startswith(g):
+                self._extend(a[len(g):], budget, fits, any_)
+        for p in self.choice.open_prefixes:
+            if p.startswith(g):
+                self._extend(p[len(g):], budget, fits, any_)
+        if g in self.choice.actions:  # a complete action: it may end here
+            fits.update(self.end_ids)
+        out = fits or any_
+        if not out:  # off every allowed string (only after an unconstrained token): free from here
+            self.free = True
+            return None
+        return sorted(out)
+
+    def _extend(self, rest: str, budget: int, fits: set[int], any_: set[int]) -> None:
+        for k in range(1, min(len(rest), self.vocab.longest) + 1):
+            ids = self.vocab.by_text.get(rest[:k])
+            if ids:
+                any_.update(ids)
+                if 1 + self.vocab.tokens_for(rest[k:]) <= budget:
+                    fits.update(ids)
+
+    def advance(self, token_id: int) -> None:
+        if self.free or token_id in self.end_ids:
+            return
+        piece = self.vocab.piece.get(token_id)
+        if piece is None:  # not a token allowed() offers: the reply has left the choice, nothing more to constrain
+            self.free = True
+            return
+        self.text += piece
+        if any(self.text.startswith(p) for p in self.choice.open_prefixes):
+            self.free = True
 
 
 # ---------------------------------------------------------------------------- hf back end
@@ -372,6 +536,7 @@ class HFBackend:
         stop: Sequence[str] | None = None,
         seed: int | None = None,
         sessions: Sequence[Any] | None = None,
+        choices: Sequence[ActionChoice | Sequence[str] | None] | None = None,
     ) -> list[GenerationOutput]:
         """Sample one completion per prompt (strings are tokenised without special tokens).
 
@@ -384,6 +549,17 @@ class HFBackend:
         multi-turn episode whose prompt extends the last one runs only the new turn). `drop_sessions`
         frees them; new weights (`load_weights`) drop them all. Outputs equal those without sessions up
         to float rounding.
+
+        `choices` (one per prompt: an ActionChoice, a list of admissible actions, or None for a free reply):
+        constrained decoding. At each step a row's logits outside the tokens that keep its reply on one of its
+        allowed strings are set to -inf (any tokenization of the string; an end token once it is complete), then
+        temperature, top-p and the draw (or argmax) apply to what is left; a token is only offered while the rest
+        of its action fits in max_new_tokens. Which log-probs come back: `logprobs` stay under the raw, unmasked
+        model, the quantity the learner's `logprobs()` recomputes, so the PPO ratio is exactly 1 before an update
+        and the gradient moves the model's own probability toward the chosen action (what it needs to write valid
+        actions without the mask); `sample_logprobs` are under the masked distribution the token was drawn from
+        (log of the behaviour policy's probability, e.g. for an importance correction). vLLM returns the same raw
+        log-probs under its structured outputs.
         """
         if max_new_tokens < 1:
             raise ValueError("max_new_tokens must be at least 1")
@@ -405,11 +581,15 @@ class HFBackend:
         if sessions is not None and len(sessions) != len(ids):
             raise ValueError(f"sessions names {len(sessions)} keys for {len(ids)} prompts")
         keys = list(sessions) if sessions is not None and self.sessions_ok else None
+        if choices is not None and len(choices) != len(ids):
+            raise ValueError(f"choices names {len(choices)} action sets for {len(ids)} prompts")
+        cons = [as_choice(c) for c in choices] if choices is not None else None
         with self.lock:
             for start in range(0, len(order), self.max_batch_size):
                 chunk = order[start : start + self.max_batch_size]
                 outs = self._generate_batch([ids[i] for i in chunk], max_new_tokens, float(temperature), float(top_p), stops, gen,
-                                            keys=[keys[i] for i in chunk] if keys is not None else None)
+                                            keys=[keys[i] for i in chunk] if keys is not None else None,
+                                            choices=[cons[i] for i in chunk] if cons is not None and any(cons) else None)
                 for i, o in zip(chunk, outs):
                     results[i] = o
         return [r for r in results if r is not None]
@@ -426,7 +606,7 @@ class HFBackend:
 
     def _generate_batch(
         self, prompts: list[list[int]], max_new: int, temperature: float, top_p: float, stops: list[str], gen: torch.Generator,
-        keys: list[Any] | None = None,
+        keys: list[Any] | None = None, choices: list[ActionChoice | None] | None = None,
     ) -> list[GenerationOutput]:
         b = len(prompts)
         reuse = [0] * b  # per row: leading prompt tokens its session's cache already holds
@@ -437,7 +617,7 @@ class HFBackend:
                     reuse[i] = min(_common_len(held[0], p), len(p) - 1)
         if max(reuse) > 0:
             logits, cache, attn = self._prefill_from_sessions(prompts, keys, reuse)
-            return self._decode(prompts, logits, cache, attn, max_new, temperature, top_p, stops, gen, keys)
+            return self._decode(prompts, logits, cache, attn, max_new, temperature, top_p, stops, gen, keys, choices)
         # Identical prompts are prefilled once: a GRPO group's K rollouts of one task start from one
         # prompt, and rollouts that took the same actions meet again (measured on the default: 12 unique
         # first-turn prompts of 128, 9% of a step's prefill tokens repeated). Rows are restored below.
@@ -476,7 +656,7 @@ class HFBackend:
         if rows is not None:  # one row per prompt again, each sampled on its own
             cache.batch_select_indices(rows)
             logits, attn = logits[rows], attn[rows]
-        return self._decode(given, logits, cache, attn, max_new, temperature, top_p, stops, gen, keys)
+        return self._decode(given, logits, cache, attn, max_new, temperature, top_p, stops, gen, keys, choices)
 
     def _prefill_from_sessions(self, prompts: list[list[int]], keys: list[Any], reuse: list[int]) -> tuple[Tensor, Any, Tensor]:
         """Prefill where rows continue their sessions: each row's kept cache (its first reuse[i] tokens) is
@@ -511,8 +691,11 @@ class HFBackend:
         return logits, cache, attn
 
     def _decode(self, given: list[list[int]], logits: Tensor, cache: Any, attn: Tensor, max_new: int, temperature: float,
-                top_p: float, stops: list[str], gen: torch.Generator, keys: list[Any] | None) -> list[GenerationOutput]:
+                top_p: float, stops: list[str], gen: torch.Generator, keys: list[Any] | None,
+                choices: list[ActionChoice | None] | None = None) -> list[GenerationOutput]:
         b = len(given)
+        states = [ChoiceState(c, self.choice_vocab(logits.shape[-1]), self.end_ids) if c else None for c in choices] \
+            if choices is not None else [None] * b
         next_pos = attn.sum(-1, keepdim=True)  # (B, 1): each row's next position = its real length
 
         tokens: list[list[int]] = [[] for _ in range(b)]
@@ -524,6 +707,7 @@ class HFBackend:
         for step in range(max_new):
             last = logits[:, -1, :].float()  # (B, V)
             raw = torch.log_softmax(last, dim=-1)  # (B, V): the raw model, what logprobs() recomputes
+            last = self._mask_choices(last, states, done, max_new - step)  # constrained rows: -inf off their choices
             if temperature <= 0.0:
                 tok = last.argmax(dim=-1)  # (B,)
                 samp = torch.zeros(b, device=last.device)  # a point mass: log-prob 0
@@ -542,6 +726,8 @@ class HFBackend:
                 tokens[i].append(tok_l[i])
                 raw_lps[i].append(raw_l[i])
                 samp_lps[i].append(samp_l[i])
+                if states[i] is not None:
+                    states[i].advance(tok_l[i])
                 if tok_l[i] in self.end_ids:
                     done[i], reasons[i] = True, "eos"
                 elif stops:
@@ -565,6 +751,30 @@ class HFBackend:
                 text = text[: min(text.find(s) for s in stops if s in text)]
             outs.append(GenerationOutput(list(given[i]), tokens[i], text, raw_lps[i], samp_lps[i], reasons[i]))
         return outs
+
+    def choice_vocab(self, width: int) -> ChoiceVocab:
+        """The vocabulary as text for constrained decoding, built on first use (~1 s for a 49k vocabulary)."""
+        if getattr(self, "_choice_vocab", None) is None:
+            self._choice_vocab = ChoiceVocab(self.tokenizer, width)
+        return self._choice_vocab
+
+    @staticmethod
+    def _mask_choices(last: Tensor, states: list["ChoiceState | None"], done: list[bool], budget: int) -> Tensor:
+        """(B, V) logits with every token a constrained row may not write set to -inf (a copy; `last` stays)."""
+        out = None
+        for i, st in enumerate(states):
+            if st is None or done[i]:
+                continue
+            allowed = st.allowed(budget)
+            if allowed is None:
+                continue
+            if out is None:
+                out = last.clone()
+            keep = torch.as_tensor(allowed, dtype=torch.long, device=last.device)
+            row = torch.full_like(last[i], float("-inf"))
+            row[keep] = last[i, keep]
+            out[i] = row
+        return last if out is None else out
 
     def _keep_sessions(self, keys: list[Any], given: list[list[int]], tokens: list[list[int]], cache: Any, attn: Tensor) -> None:
         """Keep each row's cache: the prompt and the reply but its last token (never fed back), in order."""
@@ -748,6 +958,22 @@ def _top_p_filter(logits: Tensor, top_p: float) -> Tensor:
 
 # ---------------------------------------------------------------------------- vllm back end
 
+def vllm_structured_kwargs(choice: ActionChoice | None) -> dict[str, Any]:
+    """SamplingParams keyword arguments that constrain a reply to `choice`: `structured_outputs=
+    StructuredOutputsParams(choice=[...] | regex=...)` (vLLM >= 0.10.2; the only form from 0.12), else the older
+    `guided_decoding=GuidedDecodingParams(...)`. {} for a free reply."""
+    if not choice:
+        return {}
+    spec = {"regex": choice.regex()} if choice.open_prefixes else {"choice": list(choice.actions)}
+    try:
+        from vllm.sampling_params import StructuredOutputsParams
+    except ImportError:
+        from vllm.sampling_params import GuidedDecodingParams  # vLLM before 0.10.2
+
+        return {"guided_decoding": GuidedDecodingParams(**spec)}
+    return {"structured_outputs": StructuredOutputsParams(**spec)}
+
+
 class VLLMWeightSyncExtension:
     """Mixed into vLLM's GPU workers (`worker_extension_cls`); its methods run inside each worker.
 
@@ -829,9 +1055,18 @@ class VLLMBackend:
         top_p: float = 1.0,
         stop: Sequence[str] | None = None,
         seed: int | None = None,
+        sessions: Sequence[Any] | None = None,  # accepted for the Roller's sake; vLLM's prefix cache does this itself
+        choices: Sequence[ActionChoice | Sequence[str] | None] | None = None,
     ) -> list[GenerationOutput]:
+        """`choices`: per prompt, the replies allowed (HFBackend.generate), through vLLM's structured outputs (a
+        `choice` list, or a regex when an open prefix needs free text). Log-probs stay vLLM's raw ones (before the
+        grammar's mask), as the hf back end's. Written against vLLM's documented API; not yet run on a GPU here."""
+        del sessions
         from vllm import SamplingParams
 
+        if choices is not None and len(choices) != len(prompts):
+            raise ValueError(f"choices names {len(choices)} action sets for {len(prompts)} prompts")
+        cons = [as_choice(c) for c in choices] if choices is not None else [None] * len(prompts)
         # One SamplingParams per prompt: with one shared seed, the K copies of a task's prompt in a
         # GRPO group would all sample the same completion.
         params = [
@@ -845,6 +1080,7 @@ class VLLMBackend:
                 seed=None if seed is None else int(seed) + i,
                 logprobs=1,  # the sampled token's log-prob is always among those returned
                 skip_special_tokens=True,
+                **vllm_structured_kwargs(cons[i]),
             )
             for i in range(len(prompts))
         ]
@@ -985,13 +1221,20 @@ class OpenAIBackend:
         stop: Sequence[str] | None = None,
         seed: int | None = None,
         sessions: Sequence[Any] | None = None,  # accepted for the Roller's sake; the server keeps its own prefix cache
+        choices: Sequence[ActionChoice | Sequence[str] | None] | None = None,
     ) -> list[GenerationOutput]:
         """One /completions request per prompt, `concurrency` at a time (servers batch concurrent requests;
-        llama.cpp's Python server takes one prompt per request). Sampling seed: `seed` + the prompt's index."""
+        llama.cpp's Python server takes one prompt per request). Sampling seed: `seed` + the prompt's index.
+
+        `choices`: per prompt, the replies allowed (HFBackend.generate), sent as a GBNF `grammar` (ActionChoice.gbnf),
+        the field llama.cpp's server reads; a server that ignores the field answers unconstrained."""
         del sessions
         prompt_list = [p if isinstance(p, str) else [int(t) for t in p] for p in prompts]
         if not prompt_list:
             return []
+        if choices is not None and len(choices) != len(prompt_list):
+            raise ValueError(f"choices names {len(choices)} action sets for {len(prompt_list)} prompts")
+        cons = [as_choice(c) for c in choices] if choices is not None else [None] * len(prompt_list)
         if self.prompts_as_text and any(not isinstance(p, str) for p in prompt_list) and self.tokenizer is None:
             raise BackendError("prompts_as_text needs a local tokenizer (tokenizer_path) to turn token ids into text.")
 
@@ -1010,6 +1253,8 @@ class OpenAIBackend:
                 body["seed"] = (int(seed) + i) % (2**31)
             if self.token_ids_from_server:
                 body["return_tokens_as_token_ids"] = True
+            if cons[i]:
+                body["grammar"] = cons[i].gbnf()
             data = self._post("completions", body)
             choices = data.get("choices") or []
             if len(choices) != 1:

@@ -18,15 +18,21 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from core.types import Step, Trajectory
 from envs.base import instance_task, keeps_intro
 from envs.pool import EnvPool, SlotResult
 from trainers import prompts as P
 
+if TYPE_CHECKING:  # trainers.models imports torch; env and manager processes import this module without it
+    from trainers.models import ActionChoice
+
 # (task, query, env, step) -> (answer text, entry ids used, generation dict or None)
 ToolFn = Callable[[str, str, str, int], tuple[str, list[int], Any]]
+# Env families whose info["admissible_actions"] names only some valid commands (SWE lists ls, cat, run_tests and
+# submit, not grep/edit/replace/write/python): rollout.constrain_actions leaves their replies free.
+OPEN_ACTION_ENVS = ("swe",)
 
 
 @dataclass
@@ -129,6 +135,20 @@ class Roller:
         return (bool(getattr(self.rc, "reuse_cache", False)) and self.style == "chat"
                 and hasattr(self.actor, "drop_sessions"))
 
+    def choice(self, lv: _Live) -> ActionChoice | None:
+        """What a constrained reply may be this turn (rollout.constrain_actions): one of the env's admissible actions,
+        or a search-and-ask call while the episode's budget lasts; None (free) where the env lists no actions or
+        lists only some (OPEN_ACTION_ENVS). An entry with a placeholder ("search[<query>]") leaves its argument free.
+
+        The learner sees the sampled ids with their unmasked log-probs (HFBackend.generate): the PPO ratio starts at
+        1 and the update raises the model's own probability of the action the mask let it pick."""
+        from trainers.models import ActionChoice
+
+        if not lv.admissible or lv.ep.spec.env.split("/")[0] in OPEN_ACTION_ENVS:
+            return None
+        tool = self.rc.search_and_ask > 0 and self.tool_fn is not None and lv.tool_calls < self.rc.search_and_ask
+        return ActionChoice.of(lv.admissible, ["<search_and_ask>"] if tool else ()) or None
+
     def collect(self, specs: Sequence[EpisodeSpec], *, step: int, retrieval: bool = True) -> list[Episode]:
         """Play spec i on pool slot i."""
         return self.collect_on(list(enumerate(specs)), step=step, retrieval=retrieval)
@@ -168,7 +188,9 @@ class Roller:
             if not active:
                 break
             prompts = [self.prompt_ids(lv) for lv in active]
-            extra = {"sessions": [id(lv) for lv in active]} if self._sessions() else {}
+            extra: dict[str, Any] = {"sessions": [id(lv) for lv in active]} if self._sessions() else {}
+            if getattr(self.rc, "constrain_actions", False):
+                extra["choices"] = [self.choice(lv) for lv in active]
             outs = self.actor.generate(prompts, max_new_tokens=self.ac.max_new_tokens, temperature=self.ac.temperature,
                                        top_p=self.ac.top_p, stop=P.reply_stops(self.style), seed=derive_seed(self.seed, step, turn),
                                        **extra)
