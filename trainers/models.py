@@ -353,34 +353,38 @@ class ChoiceState:
 
     def allowed(self, budget: int) -> list[int] | None:
         """Token ids that keep the reply on an allowed string, with `budget` tokens left for the reply (this one
-        included): a token is kept when the rest of its action still fits, unless none does (then every token that
-        stays on an action, so the reply is cut as a prefix of one rather than wander off). None: no constraint."""
+        included). A token of a string is offered while the rest of that string still fits after it, with room for
+        the end token where the string and its end fit the budget at all (a tokenizer's own spelling of the rest
+        bounds what it needs); when no token fits, every token that stays on a string, so a reply too long for its
+        budget is cut as a prefix of one rather than wander off. None: no constraint (free)."""
         if self.free:
             return None
         g = self.text
         fits: set[int] = set()
-        any_: set[int] = set()
+        rest_any: set[int] = set()
         for a in self.choice.actions:
             if a.startswith(g):
-                self._extend(a[len(g):], budget, fits, any_)
+                self._extend(a[len(g):], budget, 1, fits, rest_any)
         for p in self.choice.open_prefixes:
             if p.startswith(g):
-                self._extend(p[len(g):], budget, fits, any_)
+                self._extend(p[len(g):], budget, 0, fits, rest_any)
         if g in self.choice.actions:  # a complete action: it may end here
             fits.update(self.end_ids)
-        out = fits or any_
+        out = fits or rest_any
         if not out:  # off every allowed string (only after an unconstrained token): free from here
             self.free = True
             return None
         return sorted(out)
 
-    def _extend(self, rest: str, budget: int, fits: set[int], any_: set[int]) -> None:
+    def _extend(self, rest: str, budget: int, end: int, fits: set[int], rest_any: set[int]) -> None:
+        if not rest:
+            return
+        if self.vocab.tokens_for(rest) + end > budget:
+            end = 0  # the string fits only without its end token: the reply may stop at the budget, complete
         for k in range(1, min(len(rest), self.vocab.longest) + 1):
             ids = self.vocab.by_text.get(rest[:k])
             if ids:
-                any_.update(ids)
-                if 1 + self.vocab.tokens_for(rest[k:]) <= budget:
-                    fits.update(ids)
+                (fits if 1 + self.vocab.tokens_for(rest[k:]) + end <= budget else rest_any).update(ids)
 
     def advance(self, token_id: int) -> None:
         if self.free or token_id in self.end_ids:
