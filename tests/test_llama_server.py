@@ -244,3 +244,30 @@ def test_the_demo_plays_through_the_server(server, smollm2_dir, tmp_path):
         assert all(t["action"] in player.env.admissible_actions for t in turns), turns
     finally:
         player.close()
+
+
+def test_a_grammar_keeps_the_server_to_the_admissible_actions(server, smollm2_dir):
+    """rollout.constrain_actions on an OpenAI-compatible llama.cpp server: the choice goes as a GBNF `grammar`. On an
+    ALFWorld-like second turn, greedy and sampled, every reply is one of the listed actions. An open prefix (WebShop's
+    "search[<query>]") leaves the rest free but fixes how the reply starts, which SmolLM2 would not write unasked."""
+    from trainers import prompts as P
+    from trainers.models import ActionChoice, inference_backend
+
+    client = inference_backend(section(server.url, smollm2_dir), smollm2_dir, quiet=True)
+    adm = ["examine countertop 2", "go to cabinet 1", "go to drawer 2", "go to sinkbasin 1", "inventory", "look",
+           "take knife 1 from countertop 2", "take mug 1 from countertop 2"]
+    msgs = P.turn_messages("chat", action_format="Household actions: go to X, take X from Y, put X in/on Y.",
+                           task="put a clean mug in cabinet 1.",
+                           observation="You arrive at countertop 2. On the countertop 2, you see a knife 1, and a mug 1.",
+                           history=[("You are in the middle of a room. Looking quickly around you, you see a cabinet 1, a "
+                                     "countertop 1, a countertop 2, a drawer 2, and a sinkbasin 1.", "go to countertop 2")],
+                           admissible=adm)
+    ids = client.apply_chat_template(msgs, tokenize=True)
+    greedy = client.generate([ids], max_new_tokens=16, temperature=0.0, choices=[adm])[0]
+    assert greedy.text in adm, greedy.text
+    sampled = client.generate([ids] * 4, max_new_tokens=16, temperature=1.0, seed=3, choices=[adm] * 4)
+    assert all(o.text in adm for o in sampled), [o.text for o in sampled]
+    opened = client.generate([ids], max_new_tokens=8, temperature=0.0, choices=[ActionChoice.of(["search[<query>]"])])[0]
+    assert opened.text.startswith("search["), opened.text
+    free = client.generate([ids], max_new_tokens=16, temperature=0.0)[0]
+    print(f"free greedy reply: {free.text!r}; constrained: {greedy.text!r}; sampled: {[o.text for o in sampled]}")
