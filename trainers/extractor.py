@@ -33,7 +33,8 @@ from core.store import ExperienceStore
 from core.types import Experience, Generation, Operation, Source
 from trainers import prompts as P
 from trainers.actor_step import warmed_lr
-from trainers.models import pad_right
+from trainers.config import resolve_model_path
+from trainers.models import HFBackend, LoraSettings, inference_backend, load_backend, pad_right
 from trainers.parsing import Parsed, parse_extraction, parse_merge, parse_merge_answer, parse_rewrite
 from trainers.rollout import Episode
 
@@ -55,9 +56,6 @@ class Sample:
 class ExperienceLoop:
     def __init__(self, cfg, store: ExperienceStore, manager: ExperienceManager, *, data_dir: Path, run_id: int,
                  checkpoint: Path | None = None):
-        from trainers.config import resolve_model_path
-        from trainers.models import HFBackend, LoraSettings
-
         self.cfg = cfg
         self.xc = cfg.extractor
         self.store = store
@@ -70,8 +68,6 @@ class ExperienceLoop:
         if self.xc.model.backend == "openai":
             # A frozen extractor on an OpenAI-compatible endpoint (RunConfig refuses it for a training variant):
             # distillation, merges and search-and-ask rewrites are generated there; no local weights are loaded.
-            from trainers.models import inference_backend
-
             self.backend = None
             self.infer = inference_backend(self.xc.model, path)
         else:
@@ -80,8 +76,6 @@ class ExperienceLoop:
                                      num_threads=cfg.run.threads or None)
             self.infer = self.backend  # what generates; vLLM when configured, synced after every update
             if self.xc.model.backend == "vllm":
-                from trainers.models import load_backend
-
                 self.infer = load_backend("vllm", path)
         self.optimizer = torch.optim.AdamW(self.backend.trainable_parameters(), lr=self.xc.model.lr,
                                            weight_decay=self.xc.model.weight_decay) if self.trains else None
@@ -404,9 +398,6 @@ def _hit_rate(episodes: Sequence[Episode]) -> float:
 
 def propose_merge(store: ExperienceStore, ids: Sequence[int], *, data_dir: str, model_path: str = "") -> str:
     """The extractor's proposed text for merging `ids` (the workbench's merge dialog)."""
-    from trainers.config import resolve_model_path
-    from trainers.models import HFBackend
-
     entries = [store.get(i) for i in ids]
     backend = HFBackend(model_path or resolve_model_path("embedded:extractor", data_dir))
     user = P.MERGE_USER.format(task=entries[0].task, entries=P.numbered([e.text for e in entries]))

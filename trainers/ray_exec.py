@@ -28,6 +28,9 @@ import uuid
 from typing import Any, Sequence
 
 from core.config import ConfigError, LibraryConfig
+from core.embedding import Embedder
+from core.manager import ExperienceManager, OpContext
+from core.store import ExperienceStore
 from core.types import Operation, OpResult, Status
 from envs.pool import EnvSpec, SlotPoolAPI, SlotResult, _failure, close_envs, serve_command
 
@@ -329,10 +332,6 @@ class ManagerActor:
     manager's micro-batcher, so queries from every rollout worker meet in the same batches."""
 
     def __init__(self, db_url: str, library: LibraryConfig, seed: int) -> None:
-        from core.embedding import Embedder
-        from core.manager import ExperienceManager
-        from core.store import ExperienceStore
-
         # start() rebuilds the index from the store: the same on a first start and after a restart
         self.m = ExperienceManager(ExperienceStore(db_url), Embedder(library.embedding), library.manager, library.index,
                                    seed=seed)
@@ -449,8 +448,6 @@ class RemoteManager:
         return await asyncio.to_thread(self.search_sync, queries, k, task, None, scope)
 
     def apply_operations(self, ops: Sequence[Operation], ctx: Any = None) -> list[OpResult]:
-        from core.manager import OpContext
-
         ops, ctx = list(ops), ctx or OpContext()
         return self._call(lambda attempt: self.actor.apply_operations.remote(ops, ctx, attempt > 0), "apply_operations")
 
@@ -503,6 +500,7 @@ class EngineActor:
     """The rollout engine (the hf back end) in its own Ray worker: generates, and loads the learner's weights."""
 
     def __init__(self, path: str, threads: int | None) -> None:
+        # the models (and torch) are imported here, not at the top: every env and manager actor imports this module
         from trainers.models import HFBackend
 
         self.b = HFBackend(path, device="cpu", num_threads=threads)
