@@ -199,7 +199,7 @@ def test_build_state_shows_a_build_in_flight_with_its_run(wb):
 
 
 def test_curves_fetch_only_new_rows(wb, monkeypatch):
-    import app.service as service
+    import app.service.curves as service  # the live-curve cache and its settings
 
     rid = wb.store.create_run("c", status="running")
     for s in range(100):
@@ -260,7 +260,7 @@ def test_curves_view_changes_redraw_and_edits_are_marked(wb):
 
 
 def test_long_history_loads_over_several_ticks(wb, monkeypatch):
-    import app.service as service
+    import app.service.curves as service  # the live-curve cache and its settings
 
     monkeypatch.setattr(service, "ROWS_PER_KEY_PER_PULL", 25)
     monkeypatch.setattr(service, "PULL_INTERVAL_S", 0.0)
@@ -703,7 +703,7 @@ def test_edit_size_cap_matches_import_and_negative_max_steps_are_refused(wb):
 def test_curves_follow_a_resume_that_dropped_and_redid_steps(wb, monkeypatch):
     """A resume deletes the steps it redoes (and SQLite may give the new rows the old ids): an open page must
     show the redone values, once each, not the dead attempt's nor both."""
-    import app.service as service
+    import app.service.curves as service  # the live-curve cache and its settings
 
     monkeypatch.setattr(service, "PULL_INTERVAL_S", 0.0)
     rid = wb.store.create_run("c", status="running")

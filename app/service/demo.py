@@ -1,0 +1,213 @@
+"""Episodes: stored ones replayed, and live play step by step, by the scripted expert or the trainer's policy."""
+from __future__ import annotations
+
+import html
+import importlib
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from app import views
+from app.service.common import _err, _maybe_id, UserInputError, whole_number
+from core import build_progress
+from core.store import StoreError
+
+class ExpertPlayer:
+    """Plays an episode with the env's scripted expert (`envs.experts.expert_action`): "watch the expert".
+
+    Same turn dicts as the trainer's EpisodePlayer. The experience block is what retrieval would
+    show the actor for this task; the expert does not read it.
+    """
+
+    def __init__(self, env_name: str, seed: int, experience: str = "") -> None:
+        from envs.experts import expert_action
+        from envs.registry import make_env
+
+        self._expert = expert_action
+        self.env = make_env(env_name)
+        self.seed = seed
+        self.experience = experience
+        self.turn = 0
+        self.done = False
+
+    def reset(self) -> dict[str, Any]:
+        obs, _ = self.env.reset(seed=self.seed)
+        self.turn, self.done = 0, False
+        return {"turn": 0, "observation": obs, "experience": self.experience, "action": "", "reward": 0.0, "done": False,
+                "success": None, "tool_query": "", "tool_answer": ""}
+
+    def step(self) -> dict[str, Any]:
+        action = self._expert(self.env)
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.turn += 1
+        self.done = bool(terminated or truncated)
+        return {"turn": self.turn, "observation": obs, "experience": self.experience, "action": action,
+                "reward": float(reward), "done": self.done, "success": bool(info.get("success")) if self.done else None,
+                "tool_query": "", "tool_answer": ""}
+
+    def close(self) -> None:
+        self.env.close()
+
+
+@dataclass
+class _Play:
+    player: Any
+    mode: str
+    turns: list[dict[str, Any]] = field(default_factory=list)
+    experience: str = ""
+    note: str = ""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def done(self) -> bool:
+        return bool(self.turns and self.turns[-1].get("done"))
+
+
+def _episode_status(play: _Play) -> str:
+    last = play.turns[-1]
+    if last.get("done"):
+        return f"episode over after {last['turn']} turns: {'success' if last.get('success') else 'failure'}"
+    return f"turn {last['turn']}"
+
+
+def demo_actor_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
+    """EpisodePlayer arguments for the demo's configured actor: its back end (an openai endpoint, say), its
+    folder (tokenizer and chat template) and prompt style."""
+    from core.config import from_dict
+    from trainers.config import ModelSection
+    from trainers.models import inference_backend
+
+    spec = dict(spec)
+    style = spec.pop("prompt_style", "compact")
+    section = from_dict(ModelSection, spec)
+    return {"checkpoint": section.path, "prompt_style": style, "actor": inference_backend(section, section.path, num_threads=1)}
+
+
+class DemoPart:
+    """The Workbench's demo methods (app/service/__init__.py composes the Workbench from these parts; its state
+    is set up in Workbench.__init__)."""
+
+    def episodes(self, run_id: Any = None, ab_id: Any = None, limit: int = 200) -> pd.DataFrame:
+        run_id, ab_id = (None if isinstance(x, str) and not x.strip() else x for x in (run_id, ab_id))
+        ids = [_maybe_id(x) for x in (run_id, ab_id)]
+        if any(i is None and x not in (None, "") for i, x in zip(ids, (run_id, ab_id))):
+            return views.episodes_table([])  # an id no run or test can have: nothing to show (not every episode)
+        return views.episodes_table(self.store.list_trajectories(run_id=ids[0], ab_test_id=ids[1], limit=limit))
+
+    def replay(self, traj_id: Any) -> str:
+        try:
+            t = self.store.get_trajectory(whole_number(traj_id, "episode id"))
+        except UserInputError as e:
+            return f"<em>give an episode id from the table ({html.escape(str(e))})</em>"
+        except StoreError as e:
+            return f"<div class='comprl-error'>{html.escape(str(e))}</div>"
+        return views.trajectory_html(t)
+
+    def source_episode_html(self, entry_id: Any) -> str:
+        """The episode an extracted entry was written from, as a replay."""
+        try:
+            e = self.store.get(self._entry_id(entry_id))
+        except (UserInputError, StoreError) as err:
+            return f"<div class='comprl-error'>{html.escape(str(err))}</div>"
+        if e.source_episode_id is None:
+            return f"<em>entry #{e.id} was not written from a stored episode</em>"
+        return self.replay(e.source_episode_id)
+
+    def envs(self) -> list[str]:
+        from envs.registry import list_envs
+
+        return list_envs()
+
+    def policy_status(self) -> str:
+        try:
+            importlib.import_module("trainers.rollout").EpisodePlayer  # noqa: B018
+        except Exception as e:
+            return (f"Live policy play needs the trainer (`trainers.rollout.EpisodePlayer` is not importable here: "
+                    f"{type(e).__name__}: {e}). Watch the scripted expert instead, or replay stored episodes.")
+        return "Live policy play is available."
+
+    def _retrieved_for(self, env_name: str, task: str) -> tuple[str, str]:
+        m = self.manager()
+        m.sync()
+        hits = m.search_sync([task], k=1, task=env_name)[0]
+        if not hits:
+            return "", "the library has no entry for this env"
+        return hits[0].text, f"entry #{hits[0].entry_id}, similarity {hits[0].score:.2f} (the expert does not read it)"
+
+    def demo_start(self, token: str | None, mode: str, env_name: str, seed: Any, checkpoint: str = "",
+                   library: str = "current") -> tuple[str, str, str]:
+        """(session token, episode HTML, status). mode: 'expert' or 'policy'."""
+        with self._sessions_lock:
+            old = self._plays.pop(token, None) if token else None
+        if old is not None:
+            old.player.close()
+        try:
+            seed_i = whole_number(seed, "the task seed", lo=0)
+        except UserInputError as e:
+            return token or "", views.live_episode_html([]), _err(str(e))
+        if env_name not in self.envs():
+            return token or "", views.live_episode_html([]), _err(f"unknown env {env_name!r}")
+        use_library = library != "none"
+        try:
+            if mode == "policy":
+                try:
+                    rollout = importlib.import_module("trainers.rollout")
+                    player_cls = rollout.EpisodePlayer
+                except Exception:
+                    return token or "", views.live_episode_html([]), _err(self.policy_status())
+                ckpt = (checkpoint or "").strip()
+                if ckpt and not Path(ckpt).is_dir():
+                    return token or "", views.live_episode_html([]), _err(f"checkpoint {ckpt!r} is not a model folder")
+                b = build_progress.building(self.data_dir)
+                if not ckpt and b is not None:
+                    # The default models are being built (one build at a time): say so now, rather than hold this
+                    # request for the rest of the build.
+                    return token or "", views.live_episode_html([]), _err(
+                        f"the default models are being built ({build_progress.describe(b)}); the policy can play once "
+                        "they are ready. Watch the scripted expert meanwhile, or name a model folder.")
+                extra: dict[str, Any] = {}
+                if self.demo_actor and not ckpt:
+                    extra = demo_actor_kwargs(self.demo_actor)
+                    ckpt = extra.pop("checkpoint")
+                player = player_cls(env_name, seed_i, data_dir=str(self.data_dir), db_url=self.db_url, checkpoint=ckpt,
+                                    use_library=use_library, **extra)
+                play = _Play(player, "policy")
+            else:
+                player = ExpertPlayer(env_name, seed_i)
+                play = _Play(player, "expert")
+            first = play.player.reset()
+            if mode != "policy" and use_library:
+                task = getattr(player.env, "task", "")
+                play.experience, play.note = self._retrieved_for(env_name, task) if task else ("", "")
+                player.experience = play.experience
+                first["experience"] = play.experience
+            elif mode == "policy":
+                play.experience = first.get("experience", "")
+            play.turns.append(first)
+        except Exception as e:  # an env that cannot start here (missing data, Docker) says why
+            return token or "", views.live_episode_html([]), _err(f"could not start {env_name}: {type(e).__name__}: {e}")
+        token, _ = self._session(self._plays, None, lambda: play)
+        who = "the scripted expert" if mode != "policy" else "the policy"
+        return token, views.live_episode_html(play.turns, play.experience, play.note), f"{who} on {env_name}, seed {seed_i}: ready"
+
+    def demo_step(self, token: str | None) -> tuple[str, str, bool]:
+        """(episode HTML, status, done): one more turn of the session's episode."""
+        with self._sessions_lock:
+            play = self._plays.get(token or "")
+        if play is None:
+            return views.live_episode_html([]), "start an episode first", True
+        with play.lock:
+            if play.done:
+                return views.live_episode_html(play.turns, play.experience, play.note), _episode_status(play), True
+            try:
+                turn = play.player.step()
+            except Exception as e:
+                return (views.live_episode_html(play.turns, play.experience, play.note),
+                        _err(f"the episode stopped: {type(e).__name__}: {e}"), True)
+            play.turns.append(turn)
+            if play.mode == "policy" and turn.get("experience") and not play.experience:
+                play.experience = turn["experience"]
+            return views.live_episode_html(play.turns, play.experience, play.note), _episode_status(play), play.done
