@@ -1,6 +1,6 @@
 """Input mutations by class, counted: each is either refused (a one-line error naming what to fix, exit 2 where a
 command, nothing written) or, where the input is valid after all, taken exactly. Every test prints its figure
-("<class> mutations handled X/Y") for benchmarks/reliability.py, and asserts X == Y.
+("<class> mutations handled X/Y") for experiments/reliability.py, and asserts X == Y.
 
 Classes: a library file for `comprl library import` (both back ends), a run config, the store's boundary (both back
 ends), env actions, model answers. The workbench's malformed ids/versions/counts are counted in test_service.py."""

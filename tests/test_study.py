@@ -60,11 +60,11 @@ def test_quick_study_on_a_fresh_data_dir(tmp_path: Path):
     with sqlite3.connect(db) as con:
         assert con.execute("select count(*) from runs").fetchone()[0] == 1  # continued, not a second run
 
-    # benchmarks/heldout.py --run: a run's end checkpoint without and with its own library, beside the start
+    # experiments/heldout.py --run: a run's end checkpoint without and with its own library, beside the start
     runs = res / "study_quick_runs"
     cfg = tmp_path / "quick.yaml"
     cfg.write_text("env: {names: {minihack/Room-Ultimate-5x5: 1.0}, max_turns: 6}\n")
-    proc = subprocess.run([sys.executable, "benchmarks/heldout.py", "--config", str(cfg), "--episodes", "3", "--modes", "greedy",
+    proc = subprocess.run([sys.executable, "experiments/heldout.py", "--config", str(cfg), "--episodes", "3", "--modes", "greedy",
                            "--policy", f"start={runs / '_models' / 'models' / 'policy'}", "--run", f"comp={runs / 'complementary-seed0'}",
                            "--run", f"grpo={runs / 'grpo-seed0'}", "--out", str(tmp_path / "h")], cwd=ROOT, capture_output=True,
                           text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
@@ -74,10 +74,10 @@ def test_quick_study_on_a_fresh_data_dir(tmp_path: Path):
                                                                            ("comp", True, 3), ("grpo", False, 3)]
     assert h["rows"][1]["folder"].endswith("step_000003/policy")
     assert [g["policy"] for g in h["gaps"]] == ["comp"] and "with − without" in (tmp_path / "h.md").read_text()
-    bad = subprocess.run([sys.executable, "benchmarks/heldout.py", "--config", str(cfg), "--run", f"x={tmp_path}"], cwd=ROOT,
+    bad = subprocess.run([sys.executable, "experiments/heldout.py", "--config", str(cfg), "--run", f"x={tmp_path}"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "has no workbench.db" in bad.stderr
-    bad = subprocess.run([sys.executable, "benchmarks/heldout.py", "--run", f"c={runs / 'complementary-seed0'}"], cwd=ROOT,
+    bad = subprocess.run([sys.executable, "experiments/heldout.py", "--run", f"c={runs / 'complementary-seed0'}"], cwd=ROOT,
                          capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert bad.returncode == 2 and "with 6 turns" in bad.stderr  # the default config's turn limit differs from the run's
 
@@ -172,7 +172,7 @@ def test_report_writes_markdown_and_figures(tmp_path: Path):
 
 @pytest.mark.slow
 def test_heldout_compares_policies_on_the_same_seeds(tmp_path: Path):
-    """benchmarks/heldout.py: two policies (here the same folder), both modes, same seeds -> identical rows."""
+    """experiments/heldout.py: two policies (here the same folder), both modes, same seeds -> identical rows."""
     from trainers import prompts as P
     from trainers.models import build_tiny_qwen2, build_tokenizer, save_model_folder
 
@@ -180,7 +180,7 @@ def test_heldout_compares_policies_on_the_same_seeds(tmp_path: Path):
     save_model_folder(build_tiny_qwen2(tok, hidden=32, layers=1, heads=2, kv_heads=1, seed=1), tok, tmp_path / "policy")
     cfg = tmp_path / "c.yaml"
     cfg.write_text("env: {names: {minihack/Room-5x5: 1.0}, max_turns: 3}\nactor: {max_new_tokens: 4}\n")
-    proc = subprocess.run([sys.executable, "benchmarks/heldout.py", "--config", str(cfg), "--episodes", "3",
+    proc = subprocess.run([sys.executable, "experiments/heldout.py", "--config", str(cfg), "--episodes", "3",
                            "--policy", f"a={tmp_path / 'policy'}", "--policy", f"b={tmp_path / 'policy'}",
                            "--out", str(tmp_path / "h")], cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
@@ -190,14 +190,14 @@ def test_heldout_compares_policies_on_the_same_seeds(tmp_path: Path):
                                                                       ("b", "greedy", 3), ("b", "sampled", 3)]
     a, b = d["rows"][1], d["rows"][3]
     assert (a["successes"], a["mean_actions"]) == (b["successes"], b["mean_actions"]) and b["diff_vs_first"] == 0.0
-    bad = subprocess.run([sys.executable, "benchmarks/heldout.py", "--policy", f"x={tmp_path}"], cwd=ROOT,
+    bad = subprocess.run([sys.executable, "experiments/heldout.py", "--policy", f"x={tmp_path}"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "NAME=MODEL_FOLDER" in bad.stderr
 
 
 def test_moves_counts_bumps_and_moves_per_block(tmp_path: Path):
-    """benchmarks/moves.py on a real store: bumps are moves whose next observation says the way is rock."""
-    from benchmarks.moves import blocks
+    """experiments/moves.py on a real store: bumps are moves whose next observation says the way is rock."""
+    from experiments.moves import blocks
     from core.store import ExperienceStore
 
     store = ExperienceStore(f"sqlite:///{tmp_path / 'workbench.db'}")
@@ -283,12 +283,12 @@ def test_entry_probe_plays_every_condition_on_the_same_seeds(tmp_path: Path):
 
 
 def test_copy_probe_turns_need_the_task_object_and_the_arms_run(tmp_path: Path):
-    """benchmarks/copy_probe.py: the target's object is the task's, at every slot of the listing, so only
+    """experiments/copy_probe.py: the target's object is the task's, at every slot of the listing, so only
     copying it is right; a tiny run writes each arm's curve (short prompts first in the curriculum arm)."""
     import random
     import re
 
-    from benchmarks import copy_probe
+    from experiments import copy_probe
 
     rng, slots = random.Random(0), set()
     for _ in range(60):
@@ -311,4 +311,4 @@ def test_copy_probe_turns_need_the_task_object_and_the_arms_run(tmp_path: Path):
     assert [p["prompts"] for p in d["arms"]["full"]["curve"]] == ["long", "long"]
     assert all(0 <= p["long"] <= 1 and 0 <= p["short"] <= 1 for a in d["arms"].values() for p in a["curve"])
     assert d["mean_prompt_tokens"]["long"] > 2 * d["mean_prompt_tokens"]["short"]
-    assert d["argv"][:2] == ["python", "benchmarks/copy_probe.py"] and "| short then full |" in (tmp_path / "cp.md").read_text()
+    assert d["argv"][:2] == ["python", "experiments/copy_probe.py"] and "| short then full |" in (tmp_path / "cp.md").read_text()

@@ -4,7 +4,7 @@ says "It's solid stone" or similar), and the most frequent moves. It tells a pol
 react to what it sees (bumps fall, the move mix follows the observation) from one whose move
 marginal drifts toward whatever the last steps' layouts rewarded.
 
-    python benchmarks/moves.py RUN_DATA_DIR [RUN_DATA_DIR ...] [--block 5] [--out moves_cpu_default]
+    python experiments/moves.py RUN_DATA_DIR [RUN_DATA_DIR ...] [--block 5] [--out moves_cpu_default]
 
 RUN_DATA_DIR is a run's data folder (holding workbench.db), e.g. benchmarks/results/study_cpu_default_runs/grpo-seed0.
 Only training episodes are read (held-out evaluation episodes are not stored). Writes
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"| {label} | {b['steps'][0]}–{b['steps'][1]} | {b['episodes']} | {b['success']:.3f} | "
                          f"{b['mean_actions']:.2f} | {b['bump_rate']:.3f} | {top} |")
     write_results(args.out, {"benchmark": "moves", "environment": environment(),
-                             "argv": ["python", "benchmarks/moves.py", *(argv if argv is not None else sys.argv[1:])],
+                             "argv": ["python", "experiments/moves.py", *(argv if argv is not None else sys.argv[1:])],
                              "block": args.block, "runs": res}, "\n".join(lines))
     return 0
 

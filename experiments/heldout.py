@@ -3,7 +3,7 @@ a run's end checkpoints, with enough episodes to tell a change from sampling noi
 periodic evaluation uses 32–64 and its sampled read moves by about 0.1 between two seeds of the
 same model).
 
-    python benchmarks/heldout.py --policy start=comprl_data/models/policy \
+    python experiments/heldout.py --policy start=comprl_data/models/policy \
         --policy seed0=benchmarks/results/study_cpu_default_runs/grpo-seed0/runs/1/checkpoints/step_40/policy \
         --episodes 512 --modes sampled,greedy --out heldout_cpu_default
 
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         lines += [f"| {g['policy']} | {g['mode']} | {g['without']:.3f} | {g['with']:.3f} | {g['diff']:+.3f} | {g['p_value']:.3g} |"
                   for g in gaps]
     write_results(args.out, {"benchmark": "heldout", "environment": environment(),
-                             "argv": ["python", "benchmarks/heldout.py", *argv],
+                             "argv": ["python", "experiments/heldout.py", *argv],
                              "config": str(Path(args.config).resolve().relative_to(ROOT)) if Path(args.config).resolve().is_relative_to(ROOT) else args.config,
                              "episodes": args.episodes, "modes": modes, "rows": rows, "gaps": gaps}, "\n".join(lines))
     return 0

@@ -1,7 +1,7 @@
 """Does a model read an experience entry, with any prompt style and back end? No / correct / wrong entry
 on the same held-out MiniHack seeds, played through the Roller.
 
-    python benchmarks/entry_probe_roller.py --policy smollm2=comprl_data/models/smollm2-135m-instruct \
+    python experiments/entry_probe_roller.py --policy smollm2=comprl_data/models/smollm2-135m-instruct \
         --prompt-style chat --seeds 16 --out entry_probe_smollm2_chat
 
 benchmarks/entry_probe.py probes the warm-started tiny models through the warm start's own compact

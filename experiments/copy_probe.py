@@ -1,6 +1,6 @@
 """Can a tiny policy learn to copy the task's object into its action, and what makes it learn?
 
-    python benchmarks/copy_probe.py --out copy_probe
+    python experiments/copy_probe.py --out copy_probe
 
 A synthetic ALFWorld-like turn: "Task: put a watch in safe." ... "On the shelf 1, you see a pen 1, a
 watch 1, and a mug 1." -> "take watch 1 from shelf 1". The object is one of 22 names, placed at a random
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             print(name, curve[-1], flush=True)
         out[name] = {"short_steps": short_steps, "prompt_loss_weight": weight, "curve": curve,
                      "wall_s": round(time.time() - t0, 1)}
-    return {"argv": ["python", "benchmarks/copy_probe.py", *argv], "environment": environment(),
+    return {"argv": ["python", "experiments/copy_probe.py", *argv], "environment": environment(),
             "settings": vars(args), "mean_prompt_tokens": mean_tokens, "arms": out}
 
 

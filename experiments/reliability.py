@@ -1,7 +1,7 @@
 """The reliability figures of issue 26, from the tests that assert them: run them, read what they print, one table.
 
-    python benchmarks/reliability.py            # all of it (~20-40 min on a loaded 2-core machine)
-    python benchmarks/reliability.py --quick    # without the SIGKILL runs and the engine tests on Postgres
+    python experiments/reliability.py            # all of it (~20-40 min on a loaded 2-core machine)
+    python experiments/reliability.py --quick    # without the SIGKILL runs and the engine tests on Postgres
 
 - kills survived / tried, entries lost / seen, duplicated metric points and entry outcomes: the random-SIGKILL test
   (tests/test_engine.py), on SQLite and on Postgres;
