@@ -155,7 +155,7 @@ def _type_ok(value: Any, tp: Any) -> bool:
     return True
 
 
-CONFIG_INT_MIN, CONFIG_INT_MAX = -(2**31), 2**31 - 1  # a 32-bit integer column (core/store.py INT32)
+CONFIG_INT_MIN, CONFIG_INT_MAX = -(2**31), 2**31 - 1  # a 32-bit integer column (core/store/schema.py INT32)
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
@@ -207,7 +207,7 @@ def from_dict(cls: type, data: dict[str, Any] | None, path: str = "", base: Any 
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{dotted} = {value!r}: give a finite number")
         if isinstance(value, int) and not isinstance(value, bool) and not CONFIG_INT_MIN <= value <= CONFIG_INT_MAX:
-            # the store keeps steps, seeds and counts in 32-bit columns (core/store.py INT32): refused here, by name
+            # the store keeps steps, seeds and counts in 32-bit columns (core/store/schema.py INT32): refused here, by name
             raise ConfigError(f"{dotted} = {value} is out of range: it must be from {CONFIG_INT_MIN} to {CONFIG_INT_MAX}")
         if tp is float and isinstance(value, int):
             value = float(value)

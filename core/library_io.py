@@ -121,7 +121,7 @@ def export_library(store: ExperienceStore, path: str | Path, *, status: str | No
 
 
 def _is_int(v: Any) -> bool:
-    """An integer the store can keep (its integer columns are 32-bit: core/store.py INT32)."""
+    """An integer the store can keep (its integer columns are 32-bit: core/store/schema.py INT32)."""
     return isinstance(v, int) and not isinstance(v, bool) and INT32[0] <= v <= INT32[1]
 
 

@@ -1,4 +1,4 @@
-"""envs/alfworld.py on the real ALFWorld text engine (TextWorld's PDDL backend + alfworld's domain).
+"""envs/alfworld/ on the real ALFWorld text engine (TextWorld's PDDL backend + alfworld's domain).
 
 Game building costs ~0.5 s per new instance on this CPU (fast-downward's translation), so the
 tests share one cache directory and reuse the same seeds: after the first build a reset is a

@@ -85,10 +85,16 @@ def test_concurrent_callers_share_micro_batches(store, embedder):
             return await asyncio.gather(*[m.search([f"query {i}"]) for i in range(48)])
 
         before = m.stats["batches"]
+        hits, misses = embedder.cache_hits, embedder.cache_misses
         res = asyncio.run(many())
         assert len(res) == 48 and all(r[0][0].entry_id == 1 for r in res)
         assert m.stats["batches"] - before <= 4  # 48 callers, flushed at B=16
-        assert embedder.cache_hits >= 0
+        # every caller's query went through the query cache exactly once (48 distinct queries)
+        assert (embedder.cache_hits - hits) + (embedder.cache_misses - misses) == 48
+        hits, misses = embedder.cache_hits, embedder.cache_misses
+        again = asyncio.run(many())  # the same 48 queries: all answered from the cache, none embedded again
+        assert embedder.cache_hits - hits == 48 and embedder.cache_misses == misses
+        assert [r[0][0].entry_id for r in again] == [r[0][0].entry_id for r in res]
     finally:
         m.close()
 

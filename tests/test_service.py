@@ -1,4 +1,4 @@
-"""app/service.py: every callback of the workbench, without a browser, on a real store and embedder."""
+"""app/service/: every callback of the workbench, without a browser, on a real store and embedder."""
 from __future__ import annotations
 
 import json

@@ -1,14 +1,16 @@
 """The run harness: a run's row in the store, its commands, metrics, checkpoints and signals.
 
-What the training loop (trainers/cotrain.py) calls, phase by phase:
+What `comprl train` (app/cli.py) and the training loop (trainers/cotrain.py `train`) call:
 
-    run = RunContext.open(cfg, data_dir=..., db_url=..., run_id=None, resume=None)
-    state = run.load_checkpoint()           # None, or what save_checkpoint stored
+    ctx = RunContext.open(cfg, data_dir=..., db_url=..., run_id=None, resume=None, fork=None)
+    ckpt = ctx.latest_checkpoint()          # the folder the models load from: None, or the newest step_N
+    state = ctx.load_state()                # None, or the `state` save_checkpoint stored (sets ctx.start_step)
     while ...:
-        if run.poll() == "stop": break        # honours pause / resume / stop from the workbench
-        run.log(step, metrics)                # metrics into the store, a line on the terminal
-        run.save_checkpoint(step, state)      # atomic: a SIGKILL mid-save leaves the previous one
-    run.finish("finished")
+        if ctx.poll() == "stop": break        # honours pause / resume / stop from the workbench
+        ctx.log(step, metrics)                # metrics into the store, a line on the terminal
+        ctx.save_checkpoint(step, models={"policy": backend, ...}, state={...})  # atomic: a SIGKILL mid-save
+                                              # leaves the previous one
+    ctx.finish("finished")
 
 Checkpoint folder: <data_dir>/runs/<id>/checkpoints/step_<N>/ with policy/ (and extractor/) model
 folders and state.pt (optimisers, RNG states, step, library version, buffers); `latest` names the

@@ -51,7 +51,7 @@ def whole_number(value: Any, what: str, *, lo: int = 1, hi: int = INT32[1]) -> i
 
     Every id, version, seed and count from the browser goes through here: a float box (inf, NaN, 1e400), a
     30-digit string or 2**63 is a message, never "the app raised an exception". The ceiling is the store's
-    (32-bit integer columns: core/store.py INT32)."""
+    (32-bit integer columns: core/store/schema.py INT32)."""
     if isinstance(value, bool) or value is None:
         raise UserInputError(f"give {what} as a whole number")
     if isinstance(value, float):

@@ -171,7 +171,7 @@ class RunRow(Base):
     host: Mapped[str] = mapped_column(String(256), default="")
     heartbeat_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     # When metric rows of this run were last deleted (a resume dropping redone steps, a value superseded):
-    # readers that cache a run's series by id cursor (app/service.py MetricCache) reload it when this moves.
+    # readers that cache a run's series by id cursor (app/service/curves.py MetricCache) reload it when this moves.
     metrics_reset_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
