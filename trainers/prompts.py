@@ -23,6 +23,8 @@ from typing import Sequence
 
 import yaml
 
+from trainers.parsing import parse_action
+
 ACTOR_SYSTEM = (
     "You are an agent playing a text game. Reply with exactly one action and nothing else.\n"
     "{action_format}\n"
@@ -205,8 +207,6 @@ def parse_actor_reply(text: str, admissible: Sequence[str] | None = None) -> tup
     """("tool", query) for a search-and-ask call, else ("action", the action): trainers/parsing.py
     `parse_action` reads it (first non-empty line; with `admissible`, tolerant of extra words,
     quotes and "Action: …")."""
-    from trainers.parsing import parse_action
-
     m = SEARCH_AND_ASK.search(text)
     if m:
         return "tool", m.group(1).strip()
