@@ -237,3 +237,17 @@ def test_vllm_structured_outputs_arguments():
         p = SamplingParams(max_tokens=8, **kw)
         spec = getattr(p, "structured_outputs", None) or getattr(p, "guided_decoding", None)
         assert spec is not None and (spec.choice == list(choice.actions) if not choice.open_prefixes else spec.regex == choice.regex())
+
+
+def test_the_demo_player_can_decode_constrained_too(tiny, tmp_path):
+    from trainers.rollout import EpisodePlayer
+
+    player = EpisodePlayer("minihack/Room-5x5", 4, data_dir=str(tmp_path), db_url=f"sqlite:///{tmp_path / 'w.db'}", use_library=False,
+                           checkpoint=str(tiny.path),  # the actor is given: no default models built
+                           max_new_tokens=8, prompt_style="chat", actor=tiny, constrain_actions=True)
+    try:
+        player.reset()
+        turns = [player.step() for _ in range(3)]
+        assert all(t["action"] in player.env.admissible_actions for t in turns), turns
+    finally:
+        player.close()

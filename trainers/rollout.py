@@ -81,6 +81,20 @@ def derive_seed(*parts: Any) -> int:
     return int.from_bytes(h, "little") & ((1 << 63) - 1)
 
 
+def turn_choice(env: str, admissible: Sequence[str], *, tool: bool) -> ActionChoice | None:
+    """A constrained turn's choice: one of the env's admissible actions, or a search-and-ask call when `tool` (its budget
+    lasts); None (a free reply) where the env lists no actions or lists only some (OPEN_ACTION_ENVS). An entry with a
+    placeholder ("search[<query>]") leaves its argument free.
+
+    The learner sees the sampled ids with their unmasked log-probs (HFBackend.generate): the PPO ratio starts at 1 and
+    the update raises the model's own probability of the action the mask let it pick."""
+    from trainers.models import ActionChoice
+
+    if not admissible or env.split("/")[0] in OPEN_ACTION_ENVS:
+        return None
+    return ActionChoice.of(admissible, ["<search_and_ask>"] if tool else ()) or None
+
+
 @dataclass
 class _Live:
     ep: Episode
@@ -136,18 +150,9 @@ class Roller:
                 and hasattr(self.actor, "drop_sessions"))
 
     def choice(self, lv: _Live) -> ActionChoice | None:
-        """What a constrained reply may be this turn (rollout.constrain_actions): one of the env's admissible actions,
-        or a search-and-ask call while the episode's budget lasts; None (free) where the env lists no actions or
-        lists only some (OPEN_ACTION_ENVS). An entry with a placeholder ("search[<query>]") leaves its argument free.
-
-        The learner sees the sampled ids with their unmasked log-probs (HFBackend.generate): the PPO ratio starts at
-        1 and the update raises the model's own probability of the action the mask let it pick."""
-        from trainers.models import ActionChoice
-
-        if not lv.admissible or lv.ep.spec.env.split("/")[0] in OPEN_ACTION_ENVS:
-            return None
+        """What a constrained reply may be this turn (rollout.constrain_actions; `turn_choice`)."""
         tool = self.rc.search_and_ask > 0 and self.tool_fn is not None and lv.tool_calls < self.rc.search_and_ask
-        return ActionChoice.of(lv.admissible, ["<search_and_ask>"] if tool else ()) or None
+        return turn_choice(lv.ep.spec.env, lv.admissible, tool=tool)
 
     def collect(self, specs: Sequence[EpisodeSpec], *, step: int, retrieval: bool = True) -> list[Episode]:
         """Play spec i on pool slot i."""
@@ -358,7 +363,8 @@ class EpisodePlayer:
 
     def __init__(self, env_name: str, seed: int, *, data_dir: str, db_url: str, checkpoint: str = "", use_library: bool = True,
                  max_new_tokens: int = 24, search_and_ask: int = 2, history_turns: int | None = None,
-                 history_chars: int | None = None, prompt_style: str = "compact", actor: Any = None):
+                 history_chars: int | None = None, prompt_style: str = "compact", actor: Any = None,
+                 constrain_actions: bool = False):
         from core.config import LibraryConfig
         from envs.registry import make_env
         from trainers.config import RolloutSection, resolve_model_path
@@ -375,6 +381,7 @@ class EpisodePlayer:
         # `actor`: any back end (an openai endpoint serving the policy, for instance) instead of the folder
         self.actor = actor if actor is not None else HFBackend(path, device="cpu" if not _cuda() else "auto", num_threads=1)
         self.prompt_style = prompt_style
+        self.constrain_actions = bool(constrain_actions)  # replies decoded constrained to the admissible actions, as training's
         self.admissible: list[str] = []
         self.env = make_env(env_name)
         self.env_name, self.seed = env_name, seed
@@ -420,8 +427,9 @@ class EpisodePlayer:
                                observation=self.observation, experience=self.experience, history=history,
                                admissible=self.admissible, allow_tool=allow_tool)
         ids = list(self.actor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))
+        choice = turn_choice(self.env_name, self.admissible, tool=allow_tool) if self.constrain_actions else None
         out = self.actor.generate([ids], max_new_tokens=self.max_new_tokens, temperature=0.0,
-                                  stop=P.reply_stops(self.prompt_style))[0]
+                                  stop=P.reply_stops(self.prompt_style), **({"choices": [choice]} if choice else {}))[0]
         kind, content = P.parse_actor_reply(out.text, self.admissible if self.prompt_style == "chat" else None)
         self.turn += 1
         if kind == "tool" and allow_tool:
