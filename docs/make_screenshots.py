@@ -245,9 +245,11 @@ def shoot(url: str, out: Path, info: dict) -> None:
         browser.close()
 
 
-def shoot_run(url: str, out: Path, run_id: int, prefix: str) -> None:
-    """The Live curves and the Library of an existing run (a data dir a study or `make run` left behind)."""
-    from playwright.sync_api import sync_playwright
+def shoot_run(url: str, out: Path, run_id: int, prefix: str, ab: bool = False) -> None:
+    """The Live curves and the Library of an existing run (a data dir a study or `make run` left behind); with `ab`,
+    an A/B test started from the A/B tab with its defaults (the current library against none, on the default's task
+    ids), photographed once its McNemar test is in."""
+    from playwright.sync_api import expect, sync_playwright
 
     out.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
@@ -263,6 +265,21 @@ def shoot_run(url: str, out: Path, run_id: int, prefix: str) -> None:
         page.get_by_role("tab", name="Library").click()
         page.wait_for_timeout(4000)
         page.screenshot(path=str(out / f"{prefix}library.png"), full_page=False)
+        if ab:
+            page.get_by_role("tab", name="A/B tests").click()
+            page.locator("#ab-name textarea").fill(f"run {run_id}'s library vs none")
+            page.locator("#ab-create").click()
+            expect(page.locator("#ab-msg")).to_contain_text("started", timeout=60_000)
+            ab_id = page.locator("#ab-msg").inner_text().split("A/B test ", 1)[1].split(" ", 1)[0]
+            page.locator("#ab-id input").fill(ab_id)
+            deadline = time.time() + 1800
+            while True:  # Open until the evaluation has finished (its summary carries the test's p-value)
+                page.locator("#ab-open").click()
+                page.wait_for_timeout(5000)
+                if "McNemar" in page.locator("#ab-summary").inner_text() or time.time() > deadline:
+                    break
+            page.screenshot(path=str(out / f"{prefix}ab.png"), full_page=True)
+            print(page.locator("#ab-summary").inner_text())
         browser.close()
 
 
@@ -295,6 +312,8 @@ def main() -> None:
     ap.add_argument("--data-dir", default="", help="photograph an existing run's curves and library in this data dir instead")
     ap.add_argument("--run", type=int, default=0, help="with --data-dir: the run id (default: the newest)")
     ap.add_argument("--prefix", default="recurring-", help="with --data-dir: file name prefix of the screenshots")
+    ap.add_argument("--ab", action="store_true", help="with --data-dir: also run and photograph an A/B test (the tab's "
+                                                       "defaults: the current library against none)")
     args = ap.parse_args()
     if args.data_dir:
         from core.store import ExperienceStore
@@ -305,7 +324,7 @@ def main() -> None:
         store.close()
         app, url = serve(data)
         try:
-            shoot_run(url, Path(args.out), run_id, args.prefix)
+            shoot_run(url, Path(args.out), run_id, args.prefix, args.ab)
         finally:
             app.terminate()
             app.wait(timeout=30)

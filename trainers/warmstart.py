@@ -137,7 +137,7 @@ class WarmStartConfig:
     batch_size: int = 16  # sequences per policy SFT step
     extractor_batch_size: int = 4  # sequences per extractor SFT step (its sequences are about twice as long)
     threads: int = 0  # torch CPU threads while building; 0 = the cores left free by the current load (>= 1)
-    # Train the extractor in a second process beside the policy when at least two threads are free (each takes half):
+    # Train the extractor in a second process beside the policy on a machine with two or more cores (each takes half):
     # the two models share only the demonstrations and the tokenizer. The extractor then learns from the expert's
     # demonstrations alone, not the policy's DAgger episodes (24 of ~3,000). False: one after the other, in-process.
     parallel: bool = True
@@ -1098,9 +1098,13 @@ def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
     t0, c0, children_c0 = time.time(), time.process_time(), _children_cpu_s()
     torch.manual_seed(cfg.seed)
     threads = cfg.threads or _free_cores()
-    # with cfg.parallel and two or more threads free, the extractor trains beside the policy on half of them
-    beside_threads = threads - threads // 2 if cfg.parallel and threads >= 2 else 0
-    threads -= beside_threads
+    # With cfg.parallel the extractor trains beside the policy, each process on half the threads (at least one):
+    # when threads were asked for, if there are two or more; else on any machine with two cores, even a busy one (two
+    # one-thread processes take two shares of a contended CPU, where two threads of one process spin against the load).
+    beside_threads = 0
+    if cfg.parallel and (threads >= 2 if cfg.threads else (os.cpu_count() or 1) >= 2):
+        beside_threads = max(1, threads // 2)
+        threads = max(1, threads - beside_threads)
     beside: _ExtractorBeside | None = None
     load_at_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     n_envs = len(cfg.envs)
