@@ -33,6 +33,8 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Sequence
 
 from envs.base import TextEnv, keeps_intro
+from envs.experts import expert_action
+from envs.registry import make_env
 
 EnvSpec = str | Callable[[], TextEnv]
 
@@ -69,8 +71,6 @@ def _failure(slot: int, error: str) -> SlotResult:
 
 def _build(spec: EnvSpec) -> TextEnv:
     if isinstance(spec, str):
-        from envs.registry import make_env
-
         return make_env(spec)
     return spec()
 
@@ -94,8 +94,6 @@ def serve_command(envs: dict[int, TextEnv], specs: dict[int, EnvSpec], cmd: str,
             obs, reward, terminated, truncated, info = envs[slot].step(arg)
             return SlotResult(slot, obs, float(reward), bool(terminated), bool(truncated), info)
         if cmd == "expert":
-            from envs.experts import expert_action
-
             return SlotResult(slot, expert_action(envs[slot]))
         raise ValueError(f"unknown pool command {cmd!r}")
     except Exception as exc:  # an env bug ends that episode, not the worker

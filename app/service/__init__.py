@@ -32,6 +32,8 @@ from app.service.library import LibraryPart
 from app.service.abtests import ab_pairs, AbTestsPart
 from app.service.demo import demo_actor_kwargs, DemoPart, ExpertPlayer, _Play
 from core.config import LibraryConfig, default_db_url
+from core.embedding import Embedder
+from core.manager import ExperienceManager
 from core.store import ExperienceStore
 
 
@@ -87,9 +89,6 @@ class Workbench(RunsPart, CurvesPart, LibraryPart, AbTestsPart, DemoPart):
         """The workbench's ExperienceManager, started on first use (loading the embedder takes seconds)."""
         with self._manager_lock:
             if self._manager is None:
-                from core.embedding import Embedder
-                from core.manager import ExperienceManager
-
                 cfg = LibraryConfig()
                 cfg.manager.record_usage = False  # a person's search is not an actor's retrieval
                 cfg.manager.diversify = False  # and should rank by similarity alone

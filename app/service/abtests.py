@@ -16,6 +16,7 @@ from app.service.common import (
 from core import build_progress, library_io
 from core.metrics import mcnemar_test, paired_outcomes
 from core.store import ExperienceStore, StoreError
+from envs.registry import list_envs
 
 
 def ab_pairs(store: ExperienceStore, test: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
@@ -81,8 +82,6 @@ class AbTestsPart:
                        task_ids: bool = False) -> tuple[str, int | None]:
         """`task_ids`: the seeds are recurring task ids ("Dungeon 3: ..."), as runs with env.task_set name them,
         so a library written by such a run is retrieved for its own tasks."""
-        from envs.registry import list_envs
-
         try:
             if not (name or "").strip():
                 raise UserInputError("give the test a name")

@@ -14,6 +14,8 @@ from app import views
 from app.service.common import _err, _maybe_id, UserInputError, whole_number
 from core import build_progress
 from core.store import StoreError
+from envs.experts import expert_action
+from envs.registry import list_envs, make_env
 
 class ExpertPlayer:
     """Plays an episode with the env's scripted expert (`envs.experts.expert_action`): "watch the expert".
@@ -23,9 +25,6 @@ class ExpertPlayer:
     """
 
     def __init__(self, env_name: str, seed: int, experience: str = "") -> None:
-        from envs.experts import expert_action
-        from envs.registry import make_env
-
         self._expert = expert_action
         self.env = make_env(env_name)
         self.seed = seed
@@ -77,6 +76,7 @@ def demo_actor_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
     """EpisodePlayer arguments for the demo's configured actor: its back end (an openai endpoint, say), its
     folder (tokenizer and chat template) and prompt style."""
     from core.config import from_dict
+    # the trainer is optional in the workbench (common.trainer_available): imported only where it is used
     from trainers.config import ModelSection
     from trainers.models import inference_backend
 
@@ -117,8 +117,6 @@ class DemoPart:
         return self.replay(e.source_episode_id)
 
     def envs(self) -> list[str]:
-        from envs.registry import list_envs
-
         return list_envs()
 
     def policy_status(self) -> str:

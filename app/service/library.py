@@ -15,8 +15,10 @@ from app import views
 from app.service.common import _cosine, _err, _ok, parse_ids, UserInputError, whole_number
 from core import library_io, merge
 from core.library_io import MAX_ENTRY_CHARS
-from core.store import INT32, NewEntry, StaleWriteError, StoreError
+from core.store import INT32, NewEntry, StaleWriteError, StoreError, text_diff
 from core.types import Experience, Source, Status, format_entry_text
+from envs.base import task_id_of
+from envs.entry_check import EntryChecker
 
 class LibraryPart:
     """The Workbench's library methods (app/service/__init__.py composes the Workbench from these parts; its state
@@ -46,9 +48,6 @@ class LibraryPart:
     def verdicts(self, entries: Sequence[Experience]) -> list[str]:
         """Per entry, whether its claim about its task's level is right (envs/entry_check.py); "unknown" where the
         task is not a recurring one of an env with a checker. Each level is learned once per workbench."""
-        from envs.base import task_id_of
-        from envs.entry_check import EntryChecker
-
         out = []
         for e in entries:
             if task_id_of(e.task) is None or not EntryChecker.supports(e.env):
@@ -226,8 +225,6 @@ class LibraryPart:
             parents = self._merge_parents(ids_text)
         except UserInputError as e:
             return views.diff_html("", str(e))
-        from core.store import text_diff
-
         out = []
         for p in parents:
             d = text_diff(p.text, text or "", f"#{p.id} v{p.version}", "merged")

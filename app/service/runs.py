@@ -92,7 +92,7 @@ class RunsPart:
         ok, why = trainer_available()
         if not ok:
             raise UserInputError(f"cannot check the fields: {why}")
-        from trainers.config import check_model_paths, load_run_config
+        from trainers.config import check_model_paths, load_run_config  # the trainer is optional here
 
         try:
             cfg = load_run_config(data)
