@@ -101,9 +101,9 @@ def test_config_change_rebuilds_and_interruption_keeps_the_old_models(built, mon
         raise KeyboardInterrupt
 
     # An interrupted rebuild leaves the complete old folders and nothing half-built.
-    monkeypatch.setattr(W, "_train_extractor", boom)
+    monkeypatch.setattr(W, "_train_extractor", boom)  # in this process: parallel=False
     with pytest.raises(KeyboardInterrupt):
-        W.ensure_models(data, tiny(seed=1), progress=False)
+        W.ensure_models(data, tiny(seed=1, parallel=False), progress=False)
     assert json.loads((paths["policy"] / W.MARKER).read_text())["hash"] == old_hash
     assert not list((Path(data) / "models").glob(".*"))
     monkeypatch.undo()
@@ -120,10 +120,25 @@ def test_interrupted_first_build_leaves_no_folder(tmp_path, monkeypatch):
 
     monkeypatch.setattr(W, "_train_extractor", boom)
     with pytest.raises(RuntimeError):
-        W.ensure_models(tmp_path, tiny(demo_episodes=2, dagger_episodes=0), progress=False)
+        W.ensure_models(tmp_path, tiny(demo_episodes=2, dagger_episodes=0, parallel=False), progress=False)
     root = tmp_path / "models"
     assert not (root / "policy").exists() and not (root / "extractor").exists()
     assert not list(root.glob(".*"))
+
+
+def test_interrupted_policy_stops_the_extractor_beside_it(tmp_path, monkeypatch):
+    """Interrupted while the extractor trains in its own process: that process is stopped, nothing is left."""
+    import multiprocessing
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(W, "policy_examples", boom)  # the policy's first step, after the extractor's process started
+    with pytest.raises(KeyboardInterrupt):
+        W.ensure_models(tmp_path, tiny(demo_episodes=2, dagger_episodes=0, threads=2), progress=False)
+    assert not multiprocessing.active_children()
+    root = tmp_path / "models"
+    assert not (root / "policy").exists() and not (root / "extractor").exists() and not list(root.glob(".*"))
 
 
 @pytest.fixture(scope="module")
