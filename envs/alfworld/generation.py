@@ -10,19 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from envs.base import EnvError
+from envs.registry import ALFWORLD_TASK_TYPES
 
 
 ASSET_DIR = Path(__file__).resolve().parents[2] / "assets" / "alfworld"
 PRIORS_PATH = ASSET_DIR / "priors.yaml"
 
-TASK_TYPES = (
-    "pick_and_place",
-    "look_at_obj_in_light",
-    "pick_clean_then_place",
-    "pick_heat_then_place",
-    "pick_cool_then_place",
-    "pick_two_obj",
-)
+TASK_TYPES = ALFWORLD_TASK_TYPES  # one list: the registry names an env alfworld/<type> for each
 
 # Our task names -> ALFWorld's (goal library keys, `traj_data.json` task_type, data folder prefix).
 ALFWORLD_TASK_NAMES = {
