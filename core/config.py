@@ -130,6 +130,11 @@ class LibraryConfig:
     merge: MergeConfig = field(default_factory=MergeConfig)
 
 
+# An A/B test's arm plays with one library state (trainers/evaluate.py arm_entries): the live library, a past version,
+# a JSONL file, none, or the live library minus or plus chosen entries. The workbench offers the same kinds.
+ARM_KINDS = ("current", "version", "file", "none", "minus", "plus")
+
+
 # ---------------------------------------------------------------------------------------------
 # dict/YAML -> dataclasses
 

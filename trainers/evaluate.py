@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from core.config import ConfigError, LibraryConfig, from_dict
+from core.config import ARM_KINDS, ConfigError, LibraryConfig, from_dict
 from core.embedding import Embedder
 from core.library_io import import_library
 from core.manager import ExperienceManager
@@ -177,8 +177,6 @@ def run_eval(run_id: int, *, data_dir: str, db_url: str, episodes: int = 0, chec
 
 
 # -- A/B tests ----------------------------------------------------------------------------------------
-
-ARM_KINDS = ("current", "version", "file", "none", "minus", "plus")
 
 
 def validate_ab_config(c: dict[str, Any]) -> str:

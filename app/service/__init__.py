@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from app.service.common import (
-    ARM_KINDS, BUILD_SHOWN_S, CONFIG_DIR, DEFAULT_UPLOAD_CAP_MB, log, LOG_TAIL_BYTES, MAX_SEEDS, parse_ids,
+    BUILD_SHOWN_S, CONFIG_DIR, DEFAULT_UPLOAD_CAP_MB, log, LOG_TAIL_BYTES, MAX_SEEDS, parse_ids,
     parse_seeds, _redact, ROOT, trainer_available, UserInputError, whole_number,
 )
 from app.service.curves import CurveSession, CurvesPart, MetricCache, PULL_INTERVAL_S, ROWS_PER_KEY_PER_PULL
@@ -31,7 +31,7 @@ from app.service.runs import _Launched, RunsPart
 from app.service.library import LibraryPart
 from app.service.abtests import ab_pairs, AbTestsPart
 from app.service.demo import demo_actor_kwargs, DemoPart, ExpertPlayer, _Play
-from core.config import LibraryConfig, default_db_url
+from core.config import ARM_KINDS, LibraryConfig, default_db_url
 from core.embedding import Embedder
 from core.manager import ExperienceManager
 from core.store import ExperienceStore

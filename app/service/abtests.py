@@ -11,9 +11,10 @@ import pandas as pd
 
 from app import views
 from app.service.common import (
-    ARM_KINDS, _err, _ok, parse_ids, parse_seeds, _tail, trainer_available, UserInputError, whole_number,
+    _err, _ok, parse_ids, parse_seeds, _tail, trainer_available, UserInputError, whole_number,
 )
 from core import build_progress, library_io
+from core.config import ARM_KINDS
 from core.metrics import mcnemar_test, paired_outcomes
 from core.store import ExperienceStore, StoreError
 from envs.registry import list_envs

@@ -19,7 +19,6 @@ log = logging.getLogger("app.service")  # one logger for the whole service
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = ROOT / "configs"
 DEFAULT_UPLOAD_CAP_MB = 20.0
-ARM_KINDS = ("current", "version", "file", "none", "minus", "plus")
 MAX_SEEDS = 10_000
 LOG_TAIL_BYTES = 64_000
 BUILD_SHOWN_S = 600.0  # a finished model build stays on the Runs tab this long ("models ready")
