@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 import tempfile
@@ -85,9 +86,8 @@ class EvalResult:
 
 
 def greedy(roller: Roller) -> Roller:
-    """The same roller deciding greedily (temperature 0)."""
-    r = Roller.__new__(Roller)
-    r.__dict__.update(roller.__dict__)
+    """The same roller (pool, actor, manager shared) deciding greedily (temperature 0)."""
+    r = copy.copy(roller)
     r.ac = dataclasses.replace(roller.ac, temperature=0.0)
     return r
 
