@@ -319,3 +319,37 @@ def test_columns_added_since_a_database_was_made_are_added_on_open(db_url):
     s.heartbeat(r["id"])
     assert s.get_run(r["id"])["heartbeat_at"] > 0
     s.close()
+
+
+def test_counter_writers_in_threads_never_deadlock(store):
+    """The manager's retrieval recorder and the extractor's outcome and training writers run in threads of one run,
+    over the same entries in any order: each takes its rows in id order, so Postgres never reports a deadlock (it
+    did, and the run died), and every count arrives."""
+    import threading
+
+    ids = store.add_entries([NewEntry(text=f"entry {i}", env="e", task="t") for i in range(8)], actor="test")
+    rounds, errors = 60, []
+
+    def forwards():
+        try:
+            for _ in range(rounds):
+                store.record_retrievals(ids)
+                store.record_trained(ids, step=1)
+        except Exception as e:  # noqa: BLE001 - reported below, with the other thread's
+            errors.append(e)
+
+    def backwards():
+        try:
+            for _ in range(rounds):
+                store.record_outcomes([(i, n % 2 == 0, 1.0) for n, i in enumerate(reversed(ids))], step=1)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=forwards), threading.Thread(target=backwards)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    for e in store.get_many(ids).values():
+        assert e.retrieved_count == rounds and e.successes + e.failures == rounds

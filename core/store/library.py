@@ -433,6 +433,11 @@ class LibraryTables:
         return self.update_text(entry_id, text, expected_version=expected_version, actor=actor, note=f"revert to v{to_version}")
 
     # -- counters (statistics: no library version bump) ----------------------------------------
+    #
+    # Lock order: the counters are written from several threads of one run at once (the manager's
+    # retrieval recorder beside the extractor's outcomes and training marks), each transaction locking the rows
+    # it updates. Each takes its rows in entry-id order, so two of them never wait on each other in a circle:
+    # Postgres reported "deadlock detected" (and the run died) when two took the same entries in opposite orders.
 
     def record_retrievals(self, entry_ids: Sequence[int], at: float | None = None) -> None:
         if not entry_ids:
@@ -442,7 +447,7 @@ class LibraryTables:
         for i in entry_ids:
             counts[int(i)] = counts.get(int(i), 0) + 1
         with self._tx() as s:
-            for i, n in counts.items():
+            for i, n in sorted(counts.items()):  # rows in id order (see the note above)
                 s.execute(update(EntryRow).where(EntryRow.id == i).values(
                     retrieved_count=EntryRow.retrieved_count + n, last_retrieved_at=at))
 
@@ -451,10 +456,14 @@ class LibraryTables:
         """(entry_id, success, reward) per use: successes/failures counters and the reward history."""
         if not usages:
             return
+        tally: dict[int, list[int]] = {}  # entry id -> [successes, failures] to add
+        for i, ok, _ in usages:
+            tally.setdefault(int(i), [0, 0])[0 if ok else 1] += 1
         with self._tx() as s:
+            for i, (won, lost) in sorted(tally.items()):  # rows in id order (see the note above)
+                s.execute(update(EntryRow).where(EntryRow.id == i).values(
+                    successes=EntryRow.successes + won, failures=EntryRow.failures + lost))
             for n, (i, ok, reward) in enumerate(usages):
-                col = EntryRow.successes if ok else EntryRow.failures
-                s.execute(update(EntryRow).where(EntryRow.id == int(i)).values({col: col + 1}))
                 s.add(EntryUsageRow(entry_id=int(i), run_id=run_id, episode_id=episode_ids[n] if episode_ids else None,
                                     step=step, success=bool(ok), reward=float(reward)))
 
@@ -464,7 +473,7 @@ class LibraryTables:
         for i in entry_ids:
             counts[int(i)] = counts.get(int(i), 0) + 1
         with self._tx() as s:
-            for i, n in counts.items():
+            for i, n in sorted(counts.items()):  # rows in id order (see the note above)
                 s.execute(update(EntryRow).where(EntryRow.id == i).values(
                     trained_count=EntryRow.trained_count + n, last_trained_step=step))
 
