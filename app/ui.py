@@ -18,6 +18,7 @@ from core.store import SORTABLE
 
 # The A/B tab's default: the default run's recurring dark rooms, where a library holds each dungeon's lessons.
 AB_ENV = "minihack/Room-Ultimate-5x5"
+AB_MAX_TURNS = 8  # and its turn limit (configs/minihack_room_cpu.yaml env.max_turns), which the library was written under
 
 FOLLOW_END_JS = """() => { setTimeout(() => { const t = document.querySelector('#BOX textarea');
   if (t) t.scrollTop = t.scrollHeight; }, 60); }"""
@@ -266,7 +267,8 @@ def build(wb: Workbench) -> gr.Blocks:
                     ab_task_ids = gr.Checkbox(label="recurring task ids (Dungeon N, as the default run names them); off: env seeds",
                                               value=True, elem_id="ab-task-ids")
                     ab_ckpt = gr.Textbox(label="policy checkpoint folder (empty: default policy)", elem_id="ab-ckpt")
-                    ab_turns = gr.Number(label="max turns (0: the env's)", precision=0, elem_id="ab-turns")
+                    ab_turns = gr.Number(value=AB_MAX_TURNS if AB_ENV in envs else 0, label="max turns (0: the env's)", precision=0,
+                                         elem_id="ab-turns")
                 with gr.Row():
                     with gr.Column():
                         a_kind = gr.Radio(list(ARM_KINDS), value="current", label="arm A library", elem_id="ab-a-kind")

@@ -155,3 +155,12 @@ def test_a_config_path_that_is_a_folder_or_missing_is_named(tmp_path):
     (tmp_path / "tpl.yaml").write_text("no_such_template: x\n")
     with pytest.raises(ConfigError, match="unknown template 'no_such_template'"):
         load_run_config(ok)
+
+
+def test_the_ab_tab_defaults_match_the_default_run():
+    """The A/B tab opens on the default run's env, its recurring task ids and its turn limit: a library is tested
+    on the tasks and under the limit it was written for."""
+    from app.ui import AB_ENV, AB_MAX_TURNS
+
+    cfg = load_run_config(shipped_configs()["minihack_room_cpu"])
+    assert list(cfg.env.names) == [AB_ENV] and cfg.env.max_turns == AB_MAX_TURNS and cfg.env.task_set == 16
