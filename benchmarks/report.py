@@ -6,7 +6,7 @@
 Study files (study*.json, written by benchmarks/study.py): their table, one figure per variant of the
 training curves with and without experience (policy/success_*; mean over seeds, a light line per
 seed) and of the held-out eval curves (eval/success_*), and the command and commit that made them.
-Studies are listed newest first. Held-out comparisons (heldout*.json, benchmarks/heldout.py) and entry
+Studies are listed newest first. Held-out comparisons (heldout*.json, experiments/heldout.py) and entry
 probes (entry_probe*.json, benchmarks/entry_probe.py) follow.
 Benchmark files (bench_*.json): their .md table with the command and commit. The section
 "Comparison with the paper" is read from <out>/results_discussion.md, written by a person, so a
@@ -174,14 +174,14 @@ def build(results_dir: Path, out: Path) -> Path:
         for lab, fig in study_figures(path.stem, d, img_dir):
             md += [f"![{path.stem} {lab}]({rel_img.as_posix()}/{fig.name})", ""]
     md += _argv_section(results_dir, "heldout*.json", finished, "Held-out comparisons",
-                        "Policies side by side on the same held-out seeds (`benchmarks/heldout.py`), with more episodes "
+                        "Policies side by side on the same held-out seeds (`experiments/heldout.py`), with more episodes "
                         "than a run's periodic evaluation.")
     md += _argv_section(results_dir, "entry_probe*.json", finished, "Does the policy read an entry?",
                         "The same held-out seeds with no entry, the warm-start teacher's correct entry and a wrong one "
                         "(`benchmarks/entry_probe.py`).")
     md += _argv_section(results_dir, "copy_probe*.json", finished, "Can a tiny policy learn to copy the task's object?",
                         "A synthetic ALFWorld-like turn where only copying the task's object into \"take\" is right, "
-                        "trained three ways from the same start (`benchmarks/copy_probe.py`).")
+                        "trained three ways from the same start (`experiments/copy_probe.py`).")
     md += ["## Benchmarks", ""]
     for path in sorted(results_dir.glob("bench_*.json")):
         d = json.loads(path.read_text())
