@@ -234,8 +234,9 @@ def test_the_demo_plays_through_the_server(server, smollm2_dir, tmp_path):
     from trainers.rollout import EpisodePlayer
 
     kw = demo_actor_kwargs({"backend": "openai", "base_url": server.url, "path": str(smollm2_dir), "served_model": "smollm2",
-                            "prompt_style": "chat"})
+                            "prompt_style": "chat", "constrain_actions": True})
     assert isinstance(kw["actor"], OpenAIBackend) and kw["prompt_style"] == "chat" and kw["checkpoint"] == str(smollm2_dir)
+    assert kw["constrain_actions"] is True
     player = EpisodePlayer("minihack/Room-Random-5x5", 5, data_dir=str(tmp_path), db_url=f"sqlite:///{tmp_path / 'w.db'}",
                            use_library=False, max_new_tokens=8, **kw)
     try:

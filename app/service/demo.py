@@ -74,16 +74,21 @@ def _episode_status(play: _Play) -> str:
 
 def demo_actor_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
     """EpisodePlayer arguments for the demo's configured actor: its back end (an openai endpoint, say), its
-    folder (tokenizer and chat template) and prompt style."""
-    from core.config import from_dict
+    folder (tokenizer and chat template), prompt style and whether its replies are constrained to the env's
+    admissible actions (`constrain_actions`, as rollout.constrain_actions)."""
+    from core.config import ConfigError, from_dict
     # the trainer is optional in the workbench (common.trainer_available): imported only where it is used
     from trainers.config import ModelSection
     from trainers.models import inference_backend
 
     spec = dict(spec)
     style = spec.pop("prompt_style", "compact")
+    constrain = spec.pop("constrain_actions", False)
+    if not isinstance(constrain, bool):
+        raise ConfigError(f"demo actor: constrain_actions must be true or false, not {constrain!r}")
     section = from_dict(ModelSection, spec)
-    return {"checkpoint": section.path, "prompt_style": style, "actor": inference_backend(section, section.path, num_threads=1)}
+    return {"checkpoint": section.path, "prompt_style": style, "constrain_actions": constrain,
+            "actor": inference_backend(section, section.path, num_threads=1)}
 
 
 class DemoPart:
