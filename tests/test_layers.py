@@ -145,3 +145,29 @@ def test_no_import_circle_counting_function_level_imports():
     cycle = find_cycle(import_graph(function_level=True))
     assert cycle is None, ("import circle through a function-level import (move the shared code into a module both "
                            "import): " + " -> ".join(cycle))
+
+
+# Files still over the ~600-line mark, each with the length it may not pass: what is left to split by job (issue 27).
+# A new file over the mark fails; so does one of these that grows. Lower a cap, or drop the line, when a file is split.
+LONG_FILES = {
+    "trainers/models.py": 1500,  # back ends (hf, vllm, openai) and the tiny-model builder
+    "trainers/warmstart.py": 1400,  # teachers, SFT data, the SFT loop, the build
+    "envs/swe.py": 1060,
+    "envs/webshop.py": 750,
+    "app/views.py": 750,
+}
+MAX_LINES = 600
+
+
+def test_no_file_grows_past_its_mark():
+    over = []
+    for floor in FLOORS:
+        for py in sorted((ROOT / floor).rglob("*.py")):
+            rel = py.relative_to(ROOT).as_posix()
+            n = len(py.read_text().splitlines())
+            cap = LONG_FILES.get(rel, MAX_LINES)
+            if n > cap:
+                over.append(f"{rel}: {n} lines (its mark: {cap})")
+    assert not over, "split by job, or raise the mark with a reason:\n" + "\n".join(over)
+    missing = [f for f in LONG_FILES if not (ROOT / f).is_file()]
+    assert not missing, f"LONG_FILES names files that no longer exist: {missing}"
