@@ -30,6 +30,7 @@ import os
 import random
 import shutil
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -1021,15 +1022,12 @@ def train_extractor(cfg: WarmStartConfig, demos: Sequence[Demo], tokenizer: Any,
 
 def _extractor_summary(extractor: Any, ext_ex: Sequence[SFTExample], dropped: int, losses: list[float],
                        short_losses: list[float]) -> dict[str, Any]:
-    kinds: dict[str, int] = {}
-    for e in ext_ex:
-        kinds[e.kind] = kinds.get(e.kind, 0) + 1
     return {"params": _count_params(extractor), "examples": len(ext_ex), "dropped_too_long": dropped,
             "loss_first": round(sum(losses[:10]) / max(1, len(losses[:10])), 4),
             "loss_last": round(sum(losses[-10:]) / max(1, len(losses[-10:])), 4),
             **({"short_prompt": {"steps": len(short_losses), "loss_first": round(sum(short_losses[:10]) / 10, 4),
                                  "loss_last": round(sum(short_losses[-10:]) / 10, 4)}} if len(short_losses) >= 10 else {}),
-            "kinds": kinds}
+            "kinds": dict(Counter(e.kind for e in ext_ex))}
 
 
 def _extractor_process(cfg: WarmStartConfig, demos: list[Demo], tokenizer: Any, out: str, threads: int, done: Any) -> None:
@@ -1055,8 +1053,8 @@ def _extractor_process(cfg: WarmStartConfig, demos: list[Demo], tokenizer: Any, 
 
 
 class _ExtractorBeside:
-    """The extractor trained in a spawned process while this one trains the policy; `tick` forwards its steps to
-    the progress bar, `join` waits for it and returns its summary (raises with its error)."""
+    """The extractor trained in a spawned process while this one trains the policy; `drain` forwards its steps to
+    the progress bar, `join` waits for it and returns its summary (raises with its error), `stop` ends it."""
 
     def __init__(self, cfg: WarmStartConfig, demos: list[Demo], tokenizer: Any, out: Path, threads: int,
                  bar_update: Callable[[int], None]) -> None:
@@ -1213,9 +1211,7 @@ def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
         if bars_were_on:
             hf_logging.enable_progress_bar()
 
-    kinds: dict[str, int] = dict(ext_summary.pop("kinds"))
-    for e in pol_ex:
-        kinds[e.kind] = kinds.get(e.kind, 0) + 1
+    kinds = Counter(ext_summary.pop("kinds")) + Counter(e.kind for e in pol_ex)
     return {
         "policy": {"params": _count_params(policy), "examples": len(pol_ex), "dropped_too_long": pol_dropped,
                    "loss_first": round(sum(losses[:10]) / max(1, len(losses[:10])), 4),
@@ -1227,12 +1223,12 @@ def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
         "demos": {"episodes": sum(1 for d in demos if d.source in ("expert", "noisy")),
                   "expert_success": sum(d.success for d in demos if d.source == "expert") / max(1, sum(d.source == "expert" for d in demos)),
                   "conditions": {c: sum(d.condition == c for d in demos) for c in ("none", "correct", "wrong")}},
-        "example_counts": kinds,
+        "example_counts": dict(kinds),
         "vocab": len(tokenizer),
         "timings_s": timings,
         "wall_s": round(time.time() - t0, 1),
-        # CPU seconds of this process (and of the extractor's, when it trained beside: a child's are counted once it
-        # has been waited for); with one thread each, the wall time on an otherwise idle machine.
+        # CPU seconds of this process and, when the extractor trained beside it, of that process too (a child's are
+        # counted once it has been waited for): the build's whole CPU cost, not its wall time.
         "cpu_s": round(time.process_time() - c0 + _children_cpu_s() - children_c0, 1),
         "threads": threads + beside_threads,
         "load_avg_at_start": round(load_at_start, 2),
