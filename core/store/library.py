@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import json
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -443,9 +444,7 @@ class LibraryTables:
         if not entry_ids:
             return
         at = time.time() if at is None else at
-        counts: dict[int, int] = {}
-        for i in entry_ids:
-            counts[int(i)] = counts.get(int(i), 0) + 1
+        counts = Counter(int(i) for i in entry_ids)
         with self._tx() as s:
             for i, n in sorted(counts.items()):  # rows in id order (see the note above)
                 s.execute(update(EntryRow).where(EntryRow.id == i).values(
@@ -469,9 +468,7 @@ class LibraryTables:
 
     def record_trained(self, entry_ids: Sequence[int], step: int) -> None:
         """Eq. 7 bookkeeping: how often each entry's generation was trained on, and when last."""
-        counts: dict[int, int] = {}
-        for i in entry_ids:
-            counts[int(i)] = counts.get(int(i), 0) + 1
+        counts = Counter(int(i) for i in entry_ids)
         with self._tx() as s:
             for i, n in sorted(counts.items()):  # rows in id order (see the note above)
                 s.execute(update(EntryRow).where(EntryRow.id == i).values(
