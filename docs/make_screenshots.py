@@ -273,11 +273,11 @@ def shoot_run(url: str, out: Path, run_id: int, prefix: str, ab: bool = False) -
             ab_id = page.locator("#ab-msg").inner_text().split("A/B test ", 1)[1].split(" ", 1)[0]
             page.locator("#ab-id input").fill(ab_id)
             deadline = time.time() + 1800
-            while True:  # Open until the evaluation has finished (its summary carries the test's p-value)
+            while "McNemar" not in page.locator("#ab-summary").inner_text():  # done: the summary has the p-value
+                if time.time() > deadline:
+                    raise RuntimeError(f"A/B test {ab_id} did not finish in 30 minutes; see its log in the A/B tab")
                 page.locator("#ab-open").click()
                 page.wait_for_timeout(5000)
-                if "McNemar" in page.locator("#ab-summary").inner_text() or time.time() > deadline:
-                    break
             page.screenshot(path=str(out / f"{prefix}ab.png"), full_page=True)
             print(page.locator("#ab-summary").inner_text())
         browser.close()
