@@ -464,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
 # Errors whose message already says what to fix: printed as one line, no traceback. Looked up in
 # sys.modules so that a failing `library` command never imports torch just to check a class.
 _USER_ERRORS = (("core.config", "ConfigError"), ("core.store", "StoreError"), ("core.library_io", "LibraryFileError"),
-                ("trainers.models", "BackendError"), ("envs.base", "EnvError"))
+                ("trainers.backends.common", "BackendError"), ("envs.base", "EnvError"))
 
 
 def _is_user_error(e: BaseException) -> bool:

@@ -1,4 +1,4 @@
-"""Constrained decoding to the env's admissible actions (rollout.constrain_actions; trainers/models.py ActionChoice):
+"""Constrained decoding to the env's admissible actions (rollout.constrain_actions; trainers/backends/choices.py ActionChoice):
 the allowed-token walk on hand-made action sets, the hf back end's masked generate on a tiny model, the Roller on a
 real MiniHack pool, the config field, and vLLM's structured-output arguments (where vLLM is installed)."""
 from __future__ import annotations

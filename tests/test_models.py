@@ -1,4 +1,4 @@
-"""trainers/models.py: tiny model building, the hf back end, the openai back end against a real
+"""trainers/models.py and trainers/backends/: tiny model building, the hf back end, the openai back end against a real
 loopback server, and the vllm back end (GPU only)."""
 from __future__ import annotations
 
@@ -127,7 +127,7 @@ def test_shared_prompt_prefix_runs_once_and_changes_nothing(hf, monkeypatch):
     """Prompts that share a long head (a system prompt and task) run it once as a repeated cache;
     greedy tokens and log-probs equal single-prompt decoding and the learner's recomputation, with
     rows of different lengths (pads between the shared head and each row's own tokens)."""
-    from trainers import models as M
+    from trainers.backends import hf as M
 
     head = hf.encode("You are in the kitchen. You see a fridge 3, north south east west. The door " * 2)
     assert len(head) >= M.PREFIX_CACHE_MIN
@@ -268,9 +268,9 @@ def test_logprobs_with_grad_and_weight_sync(model_dir, hf):
     assert torch.allclose(load_backend("hf", saved, quiet=True).logprobs(seqs), after, atol=1e-6)
     rollout.load_weights(saved)  # from a folder, as after a checkpoint
     # the single-file path the vllm back end ships to its workers (tied weights written once)
-    from trainers.models import _write_weights
+    from trainers.backends.common import write_weights
 
-    _write_weights(learner.state_dict_for_sync(), model_dir.parent / "sync.safetensors")
+    write_weights(learner.state_dict_for_sync(), model_dir.parent / "sync.safetensors")
     fresh = load_backend("hf", model_dir, quiet=True)
     fresh.load_weights(model_dir.parent / "sync.safetensors")
     assert torch.allclose(fresh.logprobs(seqs), after, atol=1e-6)

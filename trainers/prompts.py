@@ -77,7 +77,7 @@ REWRITE_USER = (
 # valid actions on MiniHack and on ALFWorld). What fixed it: the admissible actions in the prompt, one
 # example exchange in front, and a multi-turn layout (each past observation a user message, each past
 # action an assistant message). The layout also makes each turn's prompt extend the last one, so a
-# back end that keeps an episode's KV cache prefills only the new turn (trainers/models.py sessions).
+# back end that keeps an episode's KV cache prefills only the new turn (trainers/backends/hf.py sessions).
 #
 #   system:    CHAT_SYSTEM (the reply grammar and the env's rules)
 #   user:      CHAT_EXAMPLE_USER       } one or more example exchanges, separated by a line "---"

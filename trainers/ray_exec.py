@@ -551,11 +551,9 @@ class RemoteEngine:
         return f"ray actor: {self._described}"
 
     def apply_chat_template(self, messages: Any, *, add_generation_prompt: bool = True, tokenize: bool = False) -> Any:
-        from trainers.models import _as_chat_template_output
+        from trainers.backends.common import chat_template
 
-        res = self.tokenizer.apply_chat_template([dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
-                                                 tokenize=tokenize)
-        return _as_chat_template_output(res, tokenize)
+        return chat_template(self.tokenizer, messages, add_generation_prompt=add_generation_prompt, tokenize=tokenize)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -18,15 +18,13 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from core.types import Step, Trajectory
 from envs.base import instance_task, keeps_intro
 from envs.pool import EnvPool, SlotResult
 from trainers import prompts as P
-
-if TYPE_CHECKING:  # trainers.models imports torch; env and manager processes import this module without it
-    from trainers.models import ActionChoice
+from trainers.backends.choices import ActionChoice  # plain Python: env and manager processes import this module without torch
 
 # (task, query, env, step) -> (answer text, entry ids used, generation dict or None)
 ToolFn = Callable[[str, str, str, int], tuple[str, list[int], Any]]
@@ -88,8 +86,6 @@ def turn_choice(env: str, admissible: Sequence[str], *, tool: bool) -> ActionCho
 
     The learner sees the sampled ids with their unmasked log-probs (HFBackend.generate): the PPO ratio starts at 1 and
     the update raises the model's own probability of the action the mask let it pick."""
-    from trainers.models import ActionChoice
-
     if not admissible or env.split("/")[0] in OPEN_ACTION_ENVS:
         return None
     return ActionChoice.of(admissible, ["<search_and_ask>"] if tool else ()) or None
