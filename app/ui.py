@@ -19,6 +19,9 @@ from core.store import SORTABLE
 # The A/B tab's default: the default run's recurring dark rooms, where a library holds each dungeon's lessons.
 AB_ENV = "minihack/Room-Ultimate-5x5"
 AB_MAX_TURNS = 8  # and its turn limit (configs/minihack_room_cpu.yaml env.max_turns), which the library was written under
+# Each of the 16 dungeons played 8 times per arm at the rollout temperature (the policy GRPO trains), the k-th episode of
+# a dungeon paired across the arms: 16 greedy pairs are too few to tell a real difference from chance (docs/results.md).
+AB_DECODING, AB_EPISODES_PER_TASK = "sampled", 8
 
 FOLLOW_END_JS = """() => { setTimeout(() => { const t = document.querySelector('#BOX textarea');
   if (t) t.scrollTop = t.scrollHeight; }, 60); }"""
@@ -269,6 +272,10 @@ def build(wb: Workbench) -> gr.Blocks:
                     ab_ckpt = gr.Textbox(label="policy checkpoint folder (empty: default policy)", elem_id="ab-ckpt")
                     ab_turns = gr.Number(value=AB_MAX_TURNS if AB_ENV in envs else 0, label="max turns (0: the env's)", precision=0,
                                          elem_id="ab-turns")
+                    ab_decoding = gr.Radio(["greedy", "sampled"], value=AB_DECODING, label="decoding (sampled: the rollout temperature)",
+                                           elem_id="ab-decoding")
+                    ab_reps = gr.Number(value=AB_EPISODES_PER_TASK, label="episodes per task (sampled; paired across arms)",
+                                        precision=0, elem_id="ab-reps")
                 with gr.Row():
                     with gr.Column():
                         a_kind = gr.Radio(list(ARM_KINDS), value="current", label="arm A library", elem_id="ab-a-kind")
@@ -434,7 +441,8 @@ def build(wb: Workbench) -> gr.Blocks:
 
         # A/B tests
         ab_create.click(lambda *a: wb.create_ab_test(*a),
-                        inputs=[ab_name, ab_env, ab_seeds, ab_ckpt, ab_turns, a_kind, a_arg, a_file, b_kind, b_arg, b_file, ab_task_ids],
+                        inputs=[ab_name, ab_env, ab_seeds, ab_ckpt, ab_turns, a_kind, a_arg, a_file, b_kind, b_arg, b_file, ab_task_ids,
+                                ab_reps, ab_decoding],
                         outputs=[ab_msg, ab_id])
         ab_details_out = [ab_summary, ab_progress, ab_results, ab_tasks, ab_eps]
         ab_open.click(lambda i: wb.ab_details(i), inputs=ab_id, outputs=ab_details_out)

@@ -576,18 +576,28 @@ def progress_bar_html(progress: float, status: str) -> str:
             f"<span>{html.escape(status)} · {pct:.0f}%</span></div>")
 
 
+def ab_episodes_label(c: dict[str, Any]) -> str:
+    """"16 seeds per arm, greedy" or "16 seeds × 8 sampled episodes = 128 per arm"."""
+    n, reps = len(c.get("seeds", [])), int(c.get("episodes_per_task", 1))
+    what = "task ids" if c.get("task_ids") else "seeds"
+    if c.get("decoding", "greedy") == "greedy":
+        return f"{n} {what} per arm, greedy"
+    return f"{n} {what} × {reps} sampled episode{'s' if reps > 1 else ''} = {n * reps} per arm"
+
+
 def ab_summary_md(test: dict[str, Any], paired: dict[str, Any] | None = None) -> str:
     c, r = test["config"], test["results"] or {}
     arms = c.get("arms", {})
     lines = [f"**A/B test #{test['id']} — {html.escape(test['name'])}** · status **{test['status']}**",
-             f"env `{c.get('env', '')}` · {len(c.get('seeds', []))} seeds per arm · checkpoint "
+             f"env `{c.get('env', '')}` · {ab_episodes_label(c)} · checkpoint "
              f"`{c.get('checkpoint') or 'default policy'}` · max turns {c.get('max_turns') or 'env default'}",
              f"A: {arm_label(arms.get('A', {}))} · B: {arm_label(arms.get('B', {}))}"]
     if "diff" in r:
         lines.append(f"difference A − B: **{r['diff']:+.3f}**")
     if paired is not None:
         p = paired["p_value"]
-        lines.append(f"paired test (both arms play the same {paired['pairs']} tasks): McNemar's, {paired['method']}, p-value "
+        what = "tasks" if int(c.get("episodes_per_task", 1)) == 1 else "task episodes (task, its k-th sampled episode)"
+        lines.append(f"paired test (both arms play the same {paired['pairs']} {what}): McNemar's, {paired['method']}, p-value "
                      f"**{p:.3g}**{' (significant at 0.05)' if p < 0.05 else ''}")
         lines.append(f"discordant pairs: **{paired['a_only']}** solved by A only, **{paired['b_only']}** by B only "
                      f"(both solved {paired['both']}, neither {paired['neither']}); only these tell the arms apart")

@@ -134,6 +134,22 @@ class LibraryConfig:
 # a JSONL file, none, or the live library minus or plus chosen entries. The workbench offers the same kinds.
 ARM_KINDS = ("current", "version", "file", "none", "minus", "plus")
 
+# How an A/B test's policy decides: greedy (one episode per task), or sampled at the rollout temperature (any number
+# of episodes per task, the k-th of each task paired across the arms).
+AB_DECODINGS = ("greedy", "sampled")
+
+
+def ab_sampling_error(episodes_per_task: Any, decoding: Any) -> str:
+    """Why an A/B test's episodes per task and decoding cannot run together, or "". Greedy decoding plays a task
+    the same way every time, so more than one episode per task needs sampling."""
+    if decoding not in AB_DECODINGS:
+        return f"decoding must be one of {', '.join(AB_DECODINGS)}"
+    if isinstance(episodes_per_task, bool) or not isinstance(episodes_per_task, int) or not 1 <= episodes_per_task <= 64:
+        return "episodes per task must be a whole number from 1 to 64"
+    if decoding == "greedy" and episodes_per_task > 1:
+        return "greedy decoding plays a task the same way every time: choose sampled decoding for more than one episode per task"
+    return ""
+
 
 # ---------------------------------------------------------------------------------------------
 # dict/YAML -> dataclasses

@@ -32,3 +32,21 @@ def test_ab_config_errors(tmp_path):
     assert "does not exist" in validate_ab_config({**ok, "arms": {"A": {"kind": "file", "path": str(tmp_path / "x")},
                                                                   "B": {"kind": "none"}}})
     assert "list of entry ids" in validate_ab_config({**ok, "arms": {"A": {"kind": "minus"}, "B": {"kind": "none"}}})
+
+
+def test_ab_episodes_per_task_need_sampling_and_pair_in_order():
+    from trainers.evaluate import ab_specs
+
+    ok = {"env": "minihack/Room-Ultimate-5x5", "seeds": [3, 5], "task_ids": True,
+          "arms": {"A": {"kind": "current"}, "B": {"kind": "none"}}}
+    assert validate_ab_config({**ok, "episodes_per_task": 4, "decoding": "sampled"}) == ""
+    assert "choose sampled decoding" in validate_ab_config({**ok, "episodes_per_task": 4})  # greedy is the default
+    assert "decoding must be one of" in validate_ab_config({**ok, "decoding": "beam"})
+    for bad in (0, 65, 2.5, True, "4"):
+        assert "whole number from 1 to 64" in validate_ab_config({**ok, "episodes_per_task": bad, "decoding": "sampled"})
+    a, b = ab_specs({**ok, "episodes_per_task": 3}, True), ab_specs({**ok, "episodes_per_task": 3}, False)
+    assert [s.task_id for s in a] == [3, 5, 3, 5, 3, 5] and [s.task_id for s in b] == [s.task_id for s in a]
+    assert [s.seed for s in a] == [s.seed for s in b] and len({s.group_id for s in a}) == 6
+    assert all(s.with_experience for s in a) and not any(s.with_experience for s in b)
+    plain = ab_specs({**ok, "task_ids": False}, False)
+    assert [(s.seed, s.task_id) for s in plain] == [(3, None), (5, None)]

@@ -347,13 +347,16 @@ def test_ab_test_completes_with_intervals(app, page, request, tiny_model):
     page.locator("#ab-seeds input, #ab-seeds textarea").first.fill("0-1")
     page.locator("#ab-ckpt input, #ab-ckpt textarea").first.fill(tiny_model)
     page.locator("#ab-turns input").fill("3")
+    page.locator("#ab-reps input").fill("3")  # sampled (the tab's default), each task 3 times per arm
     page.locator("#ab-create").click()
-    expect(page.locator("#ab-msg")).to_contain_text("started", timeout=30_000)
+    expect(page.locator("#ab-msg")).to_contain_text("6 episodes per arm", timeout=30_000)
     expect(page.locator("#ab-summary")).to_contain_text("status **done**".replace("**", ""), timeout=SLOW_S)
     expect(page.locator("#ab-results")).to_contain_text("[", timeout=10_000)
     expect(page.locator("#ab-summary")).to_contain_text("p-value")
+    expect(page.locator("#ab-summary")).to_contain_text("2 task ids × 3 sampled episodes = 6 per arm")
     t = app.store.list_ab_tests()[0]
     assert t["status"] == "done" and set(t["results"]["arms"]) == {"A", "B"}
+    assert t["config"]["decoding"] == "sampled" and t["results"]["arms"]["A"]["n"] == 6
     shot(page, request, "ab-done")
 
 

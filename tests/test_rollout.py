@@ -234,3 +234,30 @@ def test_alfworld_intro_stays_in_the_prompt(tiny):
         assert all(q.count("Earlier observation:") == min(i, 2) for i, q in enumerate(prompts))  # intro + 1 recent
     finally:
         p.close()
+
+
+def test_a_task_played_again_in_a_later_chunk_is_sampled_afresh(pool, tiny):
+    """`play` hands specs to the pool a chunk of slots at a time; each chunk after the first samples from its own
+    stream. Without that, an A/B test's second episode of a task (the next chunk, same step) replayed the first
+    token for token, and its paired test counted one episode as many."""
+    from trainers.slots import SlotRouter, play
+
+    seen = []
+
+    class Recorder:
+        def apply_chat_template(self, *a, **k):
+            return tiny.apply_chat_template(*a, **k)
+
+        def generate(self, prompts, **kw):
+            seen.append(kw["seed"])
+            return tiny.generate(prompts, **kw)
+
+    r = Roller(Recorder(), pool, None, rollout_cfg=RolloutSection(), actor_cfg=ModelSection(max_new_tokens=6, temperature=1.0),
+               max_turns=1, seed=3)
+    specs = [EpisodeSpec("minihack/Room-5x5", 7, False, -1 - i) for i in range(8)]  # one task, 8 times: two chunks of 4
+    eps = play(r, SlotRouter(["minihack/Room-5x5"] * 4), specs, step=0)
+    first, again = [e.turns[0].response_ids for e in eps[:4]], [e.turns[0].response_ids for e in eps[4:]]
+    assert len(set(seen)) == 2 and r.seed == 3  # one stream per chunk; the roller itself untouched
+    assert first != again  # the same four prompts, sampled afresh
+    eps2 = play(r, SlotRouter(["minihack/Room-5x5"] * 4), specs, step=0)
+    assert [e.turns[0].response_ids for e in eps2] == first + again  # and reproducible

@@ -491,13 +491,18 @@ def test_ab_create_validates_everything_first(wb, tmp_path):
     assert "line 1" in create(a_kind="file", a_file=str(bad))[0]
     assert "same library" in create(b_kind="current")[0]
     assert "kind must be one of" in create(a_kind="weird")[0]
+    assert "choose sampled decoding" in create(episodes_per_task=8)[0]  # greedy would play each task the same way 8 times
+    assert "decoding must be one of" in create(decoding="beam")[0]
+    assert "whole number from 1 to 64" in create(episodes_per_task=65, decoding="sampled")[0]
+    assert "episodes per task must be a whole number" in create(episodes_per_task="many", decoding="sampled")[0]
     assert wb.store.list_ab_tests() == []  # nothing created by bad input
     msg, ab_id = create(a_kind="minus", a_arg=str(a))
     if TRAINER:
         assert msg.startswith("**OK**") and ab_id
         cfg = wb.store.get_ab_test(ab_id)["config"]
         assert cfg == {"env": "minihack/Room-5x5", "seeds": list(range(10)), "checkpoint": "", "max_turns": None,
-                       "arms": {"A": {"kind": "minus", "ids": [a]}, "B": {"kind": "none"}}, "task_ids": False}
+                       "arms": {"A": {"kind": "minus", "ids": [a]}, "B": {"kind": "none"}}, "task_ids": False,
+                       "episodes_per_task": 1, "decoding": "greedy"}
     else:
         assert "trainer is not available" in msg and ab_id is None and wb.store.list_ab_tests() == []
 
@@ -548,6 +553,29 @@ def test_ab_details_pair_the_arms_by_seed_with_mcnemars_test(wb):
     assert "**6** solved by A only, **1** by B only" in summary and "both solved 2, neither 3" in summary
     assert list(eps["arm"]) == ["A"] * 12 + ["B"] * 12
     assert wb.ab_tests_table().iloc[0]["p-value"] == "0.125"  # the list shows the paired test's p-value too
+
+
+def test_ab_details_pair_each_tasks_kth_sampled_episode(wb):
+    """Several sampled episodes per task: the k-th episode of a task in A pairs with the k-th in B (the same
+    sampling stream), so 3 tasks x 4 episodes are 12 pairs, not 3."""
+    config = {"env": "minihack/Room-Ultimate-5x5", "seeds": [0, 1, 2], "checkpoint": "", "max_turns": 8, "task_ids": True,
+              "episodes_per_task": 4, "decoding": "sampled", "arms": {"A": {"kind": "current"}, "B": {"kind": "none"}}}
+    ab = wb.store.create_ab_test("repeats", config)
+    order = [(r, s) for r in range(4) for s in range(3)]  # the evaluator's order: every task once, then again
+    a_ok = {(0, 0), (1, 0), (2, 0), (3, 0), (0, 1), (1, 1), (0, 2)}  # 7 of 12
+    b_ok = {(0, 0), (1, 2)}  # 2 of 12: A only 6, B only 1, both 1, neither 4
+
+    def ep(r: int, s: int, ok: bool, exp: bool) -> dict:
+        return {"ab_test_id": ab, "env": "minihack/Room-Ultimate-5x5", "task": f"Dungeon {s}", "seed": 1000 + s, "success": ok,
+                "reward": float(ok), "num_actions": 3, "with_experience": exp, "steps": []}
+
+    wb.store.add_trajectories([ep(r, s, (r, s) in a_ok, True) for r, s in order])
+    wb.store.add_trajectories([ep(r, s, (r, s) in b_ok, False) for r, s in order])
+    wb.store.update_ab_test(ab, status="done", progress=1.0, results={"diff": 5 / 12, "p_value": 0.03, "arms": {}})
+    summary, _, _, _, eps = wb.ab_details(ab)
+    assert "3 task ids × 4 sampled episodes = 12 per arm" in summary
+    assert "the same 12 task episodes" in summary and "**6** solved by A only, **1** by B only" in summary
+    assert "both solved 1, neither 4" in summary and list(eps["arm"]) == ["A"] * 12 + ["B"] * 12
 
 
 # -- agent demo -----------------------------------------------------------------------------------------

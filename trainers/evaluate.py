@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from core.config import ARM_KINDS, ConfigError, LibraryConfig, from_dict
+from core.config import ARM_KINDS, ConfigError, ab_sampling_error, LibraryConfig, from_dict
 from core.embedding import Embedder
 from core.library_io import import_library
 from core.manager import ExperienceManager
@@ -188,6 +188,9 @@ def validate_ab_config(c: dict[str, Any]) -> str:
         return "seeds must be a non-empty list of integers"
     if not isinstance(c.get("task_ids", False), bool):
         return "task_ids must be true (the seeds are recurring task ids) or false"
+    why = ab_sampling_error(c.get("episodes_per_task", 1), c.get("decoding", "greedy"))
+    if why:
+        return why
     arms = c.get("arms")
     if not isinstance(arms, dict) or set(arms) != {"A", "B"}:
         return "arms must be exactly A and B"
@@ -212,6 +215,21 @@ def validate_ab_config(c: dict[str, Any]) -> str:
         except (ConfigError, TypeError, ValueError) as e:
             return f"actor: {e}"
     return ""
+
+
+def ab_specs(c: dict[str, Any], with_experience: bool) -> list[EpisodeSpec]:
+    """An arm's episodes: every seed (or recurring task id) once, then again for each further episode per task, in
+    the same order in both arms, so episode i of A and episode i of B are a pair (same task, same sampling stream)."""
+    seeds, reps = list(c["seeds"]), int(c.get("episodes_per_task", 1))
+    specs = []
+    for r in range(reps):
+        for j, s in enumerate(seeds):
+            g = -1 - (r * len(seeds) + j)
+            if c.get("task_ids"):  # recurring tasks: the instance of each id, its id in the task text
+                specs.append(EpisodeSpec(c["env"], task_seed(c["env"], s), with_experience, g, s))
+            else:
+                specs.append(EpisodeSpec(c["env"], s, with_experience, g))
+    return specs
 
 
 def arm_entries(store: ExperienceStore, arm: dict[str, Any]) -> list[NewEntry] | None:
@@ -278,12 +296,8 @@ def run_ab_test(ab_id: int, *, data_dir: str, db_url: str) -> dict[str, Any]:
                     if roller is None:
                         roller, router, pool = _roller_for(cfg, policy, manager, min(len(seeds), 16))
                     roller.manager = manager
-                    if c.get("task_ids"):  # recurring tasks: the instance of each id, its id in the task text
-                        specs = [EpisodeSpec(c["env"], task_seed(c["env"], s), manager is not None, -1 - j, s)
-                                 for j, s in enumerate(seeds)]
-                    else:
-                        specs = [EpisodeSpec(c["env"], s, manager is not None, -1 - j) for j, s in enumerate(seeds)]
-                    eps = play(greedy(roller), router, specs, step=0)
+                    specs = ab_specs(c, manager is not None)
+                    eps = play(greedy(roller) if c.get("decoding", "greedy") == "greedy" else roller, router, specs, step=0)
                     cond = results.setdefault(name, ConditionResult())
                     for e in eps:
                         cond.add(e)

@@ -6,6 +6,7 @@ The pool's slots are fixed per env (`pool_slots`); `SlotRouter` maps a list of s
 env, and `collect` / `play` hand them to `Roller.collect_on` and return the episodes in the specs' order."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import random
 
@@ -13,7 +14,7 @@ from envs.base import task_seed
 from envs.pool import TaskMixture
 from envs.registry import make_env
 from trainers.config import RunConfig
-from trainers.rollout import Episode, EpisodeSpec, Roller
+from trainers.rollout import Episode, EpisodeSpec, Roller, derive_seed
 
 
 def make_specs(cfg: RunConfig, mixture: TaskMixture, rng: random.Random, step: int, *, with_exp: int | None = None) -> list[EpisodeSpec]:
@@ -97,11 +98,17 @@ def collect(roller: Roller, router: SlotRouter, specs: list[EpisodeSpec], step: 
 
 
 def play(roller: Roller, router: SlotRouter, specs: list[EpisodeSpec], *, step: int, retrieval: bool = True) -> list[Episode]:
-    """Play any number of specs through the pool, as many at a time as each env has slots."""
+    """Play any number of specs through the pool, as many at a time as each env has slots. Each chunk after the
+    first samples from its own stream (the Roller seeds a turn's sampling by (seed, step, turn)): without it a task
+    played again in a later chunk, as an A/B test's repeats are, would replay the same episode."""
     out: list[Episode] = []
     cap = min(len(v) for v in router.by_env.values())
-    for s in range(0, len(specs), cap):
+    for c, s in enumerate(range(0, len(specs), cap)):
         chunk = specs[s:s + cap]
         slots = router.assign(chunk)
-        out += roller.collect_on(list(zip(slots, chunk)), step=step, retrieval=retrieval)
+        r = roller
+        if c:
+            r = copy.copy(roller)
+            r.seed = derive_seed(roller.seed, "chunk", c)
+        out += r.collect_on(list(zip(slots, chunk)), step=step, retrieval=retrieval)
     return out

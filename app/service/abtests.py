@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import shutil
+from collections import Counter
 import time
 import uuid
 from pathlib import Path
@@ -14,7 +15,7 @@ from app.service.common import (
     _err, _ok, parse_ids, parse_seeds, _tail, trainer_available, UserInputError, whole_number,
 )
 from core import build_progress, library_io
-from core.config import ARM_KINDS
+from core.config import ARM_KINDS, ab_sampling_error
 from core.metrics import mcnemar_test, paired_outcomes
 from core.store import ExperienceStore, StoreError
 from envs.registry import list_envs
@@ -22,16 +23,23 @@ from envs.registry import list_envs
 
 def ab_pairs(store: ExperienceStore, test: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """(an A/B test's episodes, oldest first, each with its "arm"; McNemar's paired test, or None before both arms
-    have played). The evaluator plays arm A's episodes, then arm B's, one per seed each, and stores each arm's at
-    once: the first len(seeds) episodes of the test are A's. Pairs are matched by seed. (The workbench and
-    `comprl eval --ab-test` both report it.)"""
-    n = len(test["config"].get("seeds", []))
+    have played). The evaluator plays arm A's episodes, then arm B's, `episodes_per_task` per seed each, and stores
+    each arm's at once: the first n episodes of the test are A's. Pairs are matched by (seed, which of its episodes):
+    the k-th episode of a seed in A with the k-th in B, which played the same sampling stream (trainers/evaluate.py
+    ab_specs). (The workbench and `comprl eval --ab-test` both report it.)"""
+    c = test["config"]
+    n = len(c.get("seeds", [])) * int(c.get("episodes_per_task", 1))
     eps = sorted(store.list_trajectories(ab_test_id=test["id"], limit=2 * n + 10), key=lambda t: t["id"])
     for i, t in enumerate(eps):
         t["arm"] = "A" if i < n else "B"
     if not n or len(eps) < 2 * n:
         return eps, None
-    by_arm = {arm: {t["seed"]: t["success"] for t in eps if t["arm"] == arm} for arm in ("A", "B")}
+    by_arm: dict[str, dict[tuple[int, int], bool]] = {"A": {}, "B": {}}
+    seen: Counter = Counter()
+    for t in eps:
+        key = (t["arm"], t["seed"])
+        by_arm[t["arm"]][(t["seed"], seen[key])] = t["success"]
+        seen[key] += 1
     counts = paired_outcomes(by_arm["A"], by_arm["B"])
     p, method = mcnemar_test(counts["a_only"], counts["b_only"])
     return eps, {**counts, "p_value": p, "method": method}
@@ -80,9 +88,10 @@ class AbTestsPart:
 
     def create_ab_test(self, name: str, env: str, seeds: str, checkpoint: str, max_turns: Any,
                        a_kind: str, a_arg: str, a_file: str | None, b_kind: str, b_arg: str, b_file: str | None,
-                       task_ids: bool = False) -> tuple[str, int | None]:
+                       task_ids: bool = False, episodes_per_task: Any = 1, decoding: str = "greedy") -> tuple[str, int | None]:
         """`task_ids`: the seeds are recurring task ids ("Dungeon 3: ..."), as runs with env.task_set name them,
-        so a library written by such a run is retrieved for its own tasks."""
+        so a library written by such a run is retrieved for its own tasks. `episodes_per_task` > 1 plays each task
+        that many times per arm, sampled (`decoding`) at the rollout temperature, paired across the arms."""
         try:
             if not (name or "").strip():
                 raise UserInputError("give the test a name")
@@ -95,6 +104,10 @@ class AbTestsPart:
             mt: int | None = None
             if max_turns not in (None, "", 0):
                 mt = whole_number(max_turns, "max turns", lo=1)
+            reps = whole_number(episodes_per_task if episodes_per_task not in (None, "") else 1, "episodes per task", lo=1)
+            why = ab_sampling_error(reps, decoding)
+            if why:
+                raise UserInputError(why)
             arms = {"A": self._arm(a_kind, a_arg, a_file, "A"), "B": self._arm(b_kind, b_arg, b_file, "B")}
             if arms["A"] == arms["B"]:
                 raise UserInputError("the two arms are the same library; change one of them")
@@ -103,7 +116,8 @@ class AbTestsPart:
         ok, why = trainer_available()
         if not ok:
             return _err(f"cannot run the evaluation: {why}"), None
-        config = {"env": env, "seeds": seed_list, "checkpoint": ckpt, "max_turns": mt, "arms": arms, "task_ids": bool(task_ids)}
+        config = {"env": env, "seeds": seed_list, "checkpoint": ckpt, "max_turns": mt, "arms": arms, "task_ids": bool(task_ids),
+                  "episodes_per_task": reps, "decoding": decoding}
         ab_id = self.store.create_ab_test(name.strip(), config)
         launched = self._spawn("ab", ["eval", "--ab-test", str(ab_id)], f"ab-{ab_id}.log", ab_id=ab_id)
         # The brief's place for the log: <data-dir>/ab/<id>.log (a link to the file being written).
@@ -113,7 +127,7 @@ class AbTestsPart:
                 link.symlink_to(launched.log_path)
             except OSError:
                 pass
-        return _ok(f"A/B test {ab_id} started: {len(seed_list)} episodes per arm (process {launched.proc.pid})"), ab_id
+        return _ok(f"A/B test {ab_id} started: {len(seed_list) * reps} episodes per arm (process {launched.proc.pid})"), ab_id
 
     def ab_tests_table(self) -> pd.DataFrame:
         self.reap_processes()
