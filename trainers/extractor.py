@@ -36,7 +36,7 @@ from trainers.actor_step import warmed_lr
 from trainers.config import resolve_model_path
 from trainers.models import HFBackend, LoraSettings, inference_backend, load_backend, pad_right
 from trainers.parsing import Parsed, parse_extraction, parse_merge, parse_merge_answer, parse_rewrite
-from trainers.rollout import Episode
+from trainers.rollout import Episode, derive_seed
 
 
 # -- the loop -----------------------------------------------------------------------------------------
@@ -61,6 +61,7 @@ class ExperienceLoop:
         self.store = store
         self.manager = manager
         self.run_id = run_id
+        self.seed = cfg.run.seed  # the run's one seed: every sampling seed here derives from it (derive_seed)
         self.templates = P.load_templates(self.xc.templates_file or None)
         path = str(checkpoint / "extractor") if checkpoint is not None and (checkpoint / "extractor").exists() \
             else resolve_model_path(self.xc.model.path, data_dir)
@@ -150,7 +151,7 @@ class ExperienceLoop:
                 trajectory=P.trajectory_text([(s.observation, s.action) for s in e.traj.steps], max_chars=self.xc.trajectory_chars,
                                              final=e.traj.final_observation),
                 budget=self.xc.op_budget))
-        gens = self._generate(users, seed=hash((self.run_id, work[0][1], len(users))) & 0x7FFFFFFF)
+        gens = self._generate(users, seed=derive_seed(self.seed, work[0][1], "distil", len(users)))
         results = []
         for (e, step), ids, g in zip(work, prev_ids, gens):
             parsed = parse_extraction(g.response, ids, budget=self.xc.op_budget, max_chars=self.cfg.library.manager.max_text_chars)
@@ -188,7 +189,7 @@ class ExperienceLoop:
             return "", [], None
         self.counters["tool_hits"] += 1
         user = self.templates["REWRITE_USER"].format(task=task, query=query, entry=hits[0].text)
-        gen = self._generate([user], seed=step * 7919 + self.counters["tool_calls"])[0]
+        gen = self._generate([user], seed=derive_seed(self.seed, step, "rewrite", self.counters["tool_calls"]))[0]
         answer = parse_rewrite(gen.response) or hits[0].text  # an unparsable rewrite falls back to the entry itself
         self.tool_latency_ms.append((time.perf_counter() - t0) * 1000)
         return answer, [hits[0].entry_id], gen
@@ -335,7 +336,7 @@ class ExperienceLoop:
 
         def merge_batch(chunks: list[list[Experience]]) -> list[list[Operation] | str]:
             users = [self.templates["MERGE_USER"].format(task=c[0].task, entries=P.numbered([e.text for e in c])) for c in chunks]
-            gens = self._generate(users, seed=step * 104729 + chunks[0][0].id, greedy=True)
+            gens = self._generate(users, seed=derive_seed(self.seed, step, "merge", chunks[0][0].id), greedy=True)
             out = []
             for c, g in zip(chunks, gens):
                 p = parse_merge_answer(g.response, c)

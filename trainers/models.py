@@ -4,7 +4,7 @@ Rollouts and learners talk to a `ModelBackend`:
 
     backend = load_backend("auto", "path/to/hf-folder")        # prints which back end and device
     outs = backend.generate(prompt_ids, max_new_tokens=32, temperature=1.0, top_p=1.0,
-                            stop=["\\n"], seed=step * 1000 + worker)
+                            stop=["\\n"], seed=derive_seed(run_seed, step, i))  # trainers/rollout.py
     outs[0].token_ids, outs[0].text, outs[0].logprobs        # sampled ids, text, (len,) log-probs
     lp = backend.logprobs([prompt + reply for ...])            # (N, T), aligned with the ids
     backend.sync_weights(learner.state_dict_for_sync())        # after each update
