@@ -88,6 +88,8 @@ def test_search_and_ask_turn_is_recorded_and_capped(pool, tiny):
     assert calls == ["where are the stairs?"]  # the second call was over the budget of 1
     assert kinds[1] == "invalid"  # ... so the env judged it as an (invalid) action
     assert ep.tool_entry_ids == [42] and ep.turns[0].kind == "tool"
+    # the collect's metrics carry the mean latency of its search-and-ask calls (here one, as the step recorded it)
+    assert r.stats["search_and_ask/latency_ms"] == ep.traj.steps[0].info["latency_ms"] > 0
     # the answer is in the next prompt, as an observation (prompt side: never trained on)
     nxt = tiny.tokenizer.decode(ep.turns[1].prompt_ids)
     assert "the stairs are south-east of you" in nxt

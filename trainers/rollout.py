@@ -120,8 +120,9 @@ class Roller:
         self.tool_fn = tool_fn
         self.templates = templates
         self.seed = seed
+        # what the last collect measured (rollout/*, critic/*, search_and_ask/latency_ms), replaced by each call; the
+        # training loop's collect phase reads it in the thread that collected, right after the call (trainers/cotrain.py)
         self.stats: dict[str, float] = {}
-        self.critic_stats: dict[str, float] = {}
 
     @property
     def style(self) -> str:
@@ -165,6 +166,7 @@ class Roller:
         # Retrieval at episode start (METHOD.md step 1): one call, batched by the manager.
         t_ret = 0.0
         same_task: float | None = None
+        critic: dict[str, float] = {}
         want = [lv for lv in lives if lv.ep.spec.with_experience and not lv.done]
         if want and retrieval and self.manager is not None:
             t1 = time.perf_counter()
@@ -180,7 +182,7 @@ class Roller:
             if found:
                 same_task = sum(found) / len(found)
             if self.rc.actor_critic:
-                self._critique(want, hits, step)
+                critic = self._critique(want, hits, step)
         tokens = replies = cut = prefill = 0
         turn = 0
         computed0 = getattr(self.actor, "prefill_computed", 0)
@@ -228,22 +230,24 @@ class Roller:
                       # replies that ran out of actor.max_new_tokens before an end token or newline: a share
                       # near 1 means the budget cuts actions short (ALFWorld's "take X from Y" needs 9+ tokens)
                       "rollout/cut_replies": cut / max(1, replies), "rollout/turns": float(turn),
-                      "rollout/prompt_tokens": float(prefill), **self.critic_stats}
+                      "rollout/prompt_tokens": float(prefill), **critic}
         if hasattr(self.actor, "prefill_computed"):
             # prompt tokens the model actually ran (the rest came from a kept cache, a shared prefix or a duplicate prompt)
             self.stats["rollout/prefill_tokens"] = float(self.actor.prefill_computed - computed0)
         if same_task is not None:
             self.stats["retrieval/same_task_rate"] = same_task
-        self.critic_stats = {}
+        tool_ms = [s.info["latency_ms"] for lv in lives for s in lv.ep.traj.steps if s.kind == "tool"]
+        if tool_ms:  # one search-and-ask call, retrieval and the extractor's rewrite, as the actor waits for it
+            self.stats["search_and_ask/latency_ms"] = sum(tool_ms) / len(tool_ms)
         return [lv.ep for lv in lives]
 
-    def _critique(self, lives: Sequence[_Live], hits: Sequence[Sequence[Any]], step: int) -> None:
+    def _critique(self, lives: Sequence[_Live], hits: Sequence[Sequence[Any]], step: int) -> dict[str, float]:
         """Actor as critic (METHOD.md, optional): one batched call judges every retrieved entry;
         rejected entries are not shown. An unparsable judgement counts as accept (the entry is
         used, as without the critic) and is counted in `critic/unparsed`."""
         pairs = [(lv, h) for lv, hs in zip(lives, hits) for h in hs]
         if not pairs:
-            return
+            return {}
         t0 = time.perf_counter()
         prompts = [list(self.actor.apply_chat_template(P.critic_messages(task=lv.ep.traj.task, entry=h.text, templates=self.templates),
                                                        add_generation_prompt=True, tokenize=True)) for lv, h in pairs]
@@ -261,10 +265,10 @@ class Roller:
             lv.ep.traj.experience_ids = [h.entry_id for h in shown]
             lv.ep.traj.experience_text = "\n\n".join(h.text for h in shown)
         scores = [lv.ep.critic_scores[h.entry_id] for lv, h in pairs]
-        self.critic_stats = {"critic/judged": float(len(pairs)), "critic/unparsed": float(unparsed),
-                             "critic/accept_rate": sum(s == 1.0 for s in scores) / len(scores),
-                             "critic/reject_rate": sum(s == 0.0 for s in scores) / len(scores),
-                             "critic/latency_ms": (time.perf_counter() - t0) * 1000}
+        return {"critic/judged": float(len(pairs)), "critic/unparsed": float(unparsed),
+                "critic/accept_rate": sum(s == 1.0 for s in scores) / len(scores),
+                "critic/reject_rate": sum(s == 0.0 for s in scores) / len(scores),
+                "critic/latency_ms": (time.perf_counter() - t0) * 1000}
 
     def _start(self, slot: int, spec: EpisodeSpec, r: SlotResult) -> _Live:
         task = r.task or ""
