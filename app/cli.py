@@ -424,7 +424,7 @@ def build_parser() -> argparse.ArgumentParser:
     mo.add_argument("--policy-steps", type=int, default=None, help="policy SFT steps instead of the default build's (WarmStartConfig.policy_steps)")
     mo.add_argument("--extractor-steps", type=int, default=None, help="extractor SFT steps on every example kind instead of the default build's (WarmStartConfig.extractor_steps)")
     mo.add_argument("--set", action="append", metavar="FIELD=VALUE",
-                    help="override one warm-start field (YAML value; trainers/warmstart.py WarmStartConfig), "
+                    help="override one warm-start field (YAML value; WarmStartConfig in trainers/warmstart/common.py), "
                          "e.g. --set policy_hidden=256 --set dagger_episodes=96")
     mo.set_defaults(func=cmd_models)
 

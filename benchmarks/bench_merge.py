@@ -167,7 +167,7 @@ def main() -> None:
         else:
             n = args.entries or (60 if args.quick else 600)
             teacher_library(src, env, n, cfg.library)
-            source = f"{n} teacher lessons for {env} episodes (trainers/warmstart.py _lesson)"
+            source = f"{n} teacher lessons for {env} episodes (trainers/warmstart/ _lesson)"
         store = ExperienceStore(f"sqlite:///{src}")
         refs, size = references(store), store.count()
         store.close()

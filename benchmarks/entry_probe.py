@@ -8,7 +8,7 @@ warm-start teacher's correct entry and with a wrong one, side by side.
         --env alfworld/pick_and_place --episodes 32 --max-turns 20 --out entry_probe_alfworld
 
 Every condition plays the same seeds (held out from every warm-start demonstration and DAgger seed).
-The entries are the warm start's own (trainers/warmstart.py: for MiniHack where the stairs lie from the
+The entries are the warm start's own (trainers/warmstart/: for MiniHack where the stairs lie from the
 start, for ALFWorld where the object is usually found; a wrong entry names another goal or object). Each
 state is also labelled with the scripted expert's action for that condition, so besides success the
 probe measures how often the policy does what an expert who reads the entry would do. With greedy
@@ -107,7 +107,7 @@ def summarise(demos: list, none_by_seed: dict[int, Any], greedy: bool) -> dict[s
     firsts = [d for d in demos if d.turns]
     row = {"n": n, "successes": wins, "rate": wins / max(1, n), "ci_low": lo, "ci_high": hi,
            "mean_actions": statistics.mean(len(d.turns) for d in demos) if demos else 0.0,
-           # the scripted expert's action for this condition (trainers/warmstart.py _Teacher)
+           # the scripted expert's action for this condition (trainers/warmstart/ _Teacher)
            "agreement_with_expert": sum(t.taken == t.label for t in turns) / max(1, len(turns)),
            "invalid_share": sum(d.invalid_actions for d in demos) / max(1, len(turns)),
            "first_move_agreement": sum(d.turns[0].taken == d.turns[0].label for d in firsts) / max(1, len(firsts))}

@@ -1,6 +1,6 @@
 """One model build at a time, and where it stands: the first ten minutes of a new user's first run.
 
-The tiny default models are built on first use (trainers/warmstart.py `ensure_models`), by whoever
+The tiny default models are built on first use (trainers/warmstart/build.py `ensure_models`), by whoever
 needs them first: a run, an A/B test's evaluation, the workbench's live policy demo, `comprl models
 init`. Two builders into one `models/` folder would delete each other's work, so the build runs behind
 an exclusive lock, and while it runs it writes where it stands to a small JSON file that the workbench

@@ -8,7 +8,7 @@ slot of the listing, so no frequency or position guess gets it right: only copyi
 does. Prompts come short (the task line and the observation, ~60 tokens) or long (the actor's system
 text and four history items of distracting names before them, ~270 tokens, the shape of a real
 ALFWorld prompt). Each arm trains a fresh tiny Qwen2 of the warm start's design (trainers/models.py)
-with the warm start's SFT step (trainers/warmstart.py `_sft`, loss on the action only unless a prompt
+with the warm start's SFT step (trainers/warmstart/ `_sft`, loss on the action only unless a prompt
 loss weight is set) and measures, every --every steps, the share of held-out long and short prompts on
 which the greedy next token after "take" is the task's object. Arms, side by side from the same
 initialisation and batches:

@@ -1,5 +1,5 @@
 """Does the warm start's extractor copy the debrief into its entry? The build's own extractor stages
-(`trainers/warmstart.py train_extractor`) on a smaller demonstration set, then greedy extraction answers on
+(`trainers/warmstart/ train_extractor`) on a smaller demonstration set, then greedy extraction answers on
 held-out expert episodes, each entry checked against the level (`envs/minihack.py claimed_offset`).
 
     python experiments/extractor_copy_probe.py --demos 800 --short-steps 200 --steps 300 --out extractor_copy_probe

@@ -3,7 +3,7 @@
     python experiments/readable_curriculum.py --steps 1400 --threads 2
 
 A research probe, not a benchmark (not in `make bench`): 1,200 scripted demonstrations of the recurring
-dark room (trainers/warmstart.py's teacher), the short-prompt examples of only the turns whose action can be
+dark room (trainers/warmstart/'s teacher), the short-prompt examples of only the turns whose action can be
 read off the prompt (`_copyable`: the entry's heading before the staircase is seen, the observation's after),
 1,000 demonstrations to train on and 200 held out. Every 200 SFT steps it prints the training loss and the
 greedy accuracy of the next token on 300 held-out readable turns (the move the prompt names). The warm start

@@ -1,4 +1,4 @@
-"""Warm start of the embedded default models (trainers/warmstart.py), on a tiny config."""
+"""Warm start of the embedded default models (trainers/warmstart/), on a tiny config."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,6 +11,7 @@ import torch
 
 from trainers import prompts as P
 from trainers import warmstart as W
+from trainers.warmstart import build as WB  # where the build looks its stages up (monkeypatched below)
 from trainers.models import build_tiny_qwen2, build_tokenizer, load_backend
 
 DELTAS = {"north": (-1, 0), "east": (0, 1), "south": (1, 0), "west": (0, -1),
@@ -101,7 +102,7 @@ def test_config_change_rebuilds_and_interruption_keeps_the_old_models(built, mon
         raise KeyboardInterrupt
 
     # An interrupted rebuild leaves the complete old folders and nothing half-built.
-    monkeypatch.setattr(W, "_train_extractor", boom)  # in this process: parallel=False
+    monkeypatch.setattr(WB, "_train_extractor", boom)  # in this process: parallel=False
     with pytest.raises(KeyboardInterrupt):
         W.ensure_models(data, tiny(seed=1, parallel=False), progress=False)
     assert json.loads((paths["policy"] / W.MARKER).read_text())["hash"] == old_hash
@@ -118,7 +119,7 @@ def test_interrupted_first_build_leaves_no_folder(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("killed")
 
-    monkeypatch.setattr(W, "_train_extractor", boom)
+    monkeypatch.setattr(WB, "_train_extractor", boom)
     with pytest.raises(RuntimeError):
         W.ensure_models(tmp_path, tiny(demo_episodes=2, dagger_episodes=0, parallel=False), progress=False)
     root = tmp_path / "models"
@@ -133,7 +134,7 @@ def test_interrupted_policy_stops_the_extractor_beside_it(tmp_path, monkeypatch)
     def boom(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(W, "policy_examples", boom)  # the policy's first step, after the extractor's process started
+    monkeypatch.setattr(WB, "policy_examples", boom)  # the policy's first step, after the extractor's process started
     with pytest.raises(KeyboardInterrupt):
         W.ensure_models(tmp_path, tiny(demo_episodes=2, dagger_episodes=0, threads=2), progress=False)
     assert not multiprocessing.active_children()
@@ -397,7 +398,7 @@ def test_models_init_set_overrides_any_field(tmp_path, monkeypatch):
     """`comprl models init --set FIELD=VALUE`: YAML values reach WarmStartConfig type-checked; a bad field,
     type, section or a repeat of a dedicated flag is refused before anything is built."""
     seen = {}
-    monkeypatch.setattr(W, "ensure_models", lambda data_dir, cfg, force=False: seen.setdefault("cfg", cfg) and {})
+    monkeypatch.setattr(WB, "ensure_models", lambda data_dir, cfg, force=False: seen.setdefault("cfg", cfg) and {})
     assert W.models_command("init", str(tmp_path), envs=["alfworld/pick_and_place"], policy_steps=7,
                             overrides=["policy_hidden=256", "dagger_episodes=96", "lr=5e-4"]) == 0
     cfg = seen["cfg"]

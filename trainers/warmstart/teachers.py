@@ -1,0 +1,258 @@
+"""The scripted teachers: per env, the entry a demonstration shows (right, wrong or none) and the expert's
+action under it; the demonstrations themselves (collect_demos) and the seeds they are played on."""
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+from core.types import format_entry_text
+from envs.base import keeps_intro
+from trainers.warmstart.common import Demo, Turn, WarmStartConfig, _DELTAS, _INVALID_WORDS
+
+
+def _sign(x: int) -> int:
+    return (x > 0) - (x < 0)
+
+
+# ---------------------------------------------------------------------------- MiniHack
+
+def _minihack_entry(task: str, facts: dict[str, Any], *, wrong: bool, rng: random.Random) -> str:
+    """A correct entry states where the staircase is and how to get there; a wrong one points elsewhere."""
+    dr, dc = facts["offset"] or (0, 0)
+    if wrong:
+        choices = [(a, b) for a in range(-4, 5) for b in range(-4, 5) if (a, b) != (0, 0)
+                   and (_sign(a), _sign(b)) != (_sign(dr), _sign(dc))]
+        if rng.random() < 0.3:  # irrelevant: advice for another kind of task
+            return format_entry_text("Pick up the key first", "Locked rooms with a key",
+                                     "Pick up the key, stand next to the locked door and apply the key, then walk in.")
+        dr, dc = rng.choice(choices)
+    # The form the extractor's teacher writes (_lesson), so the actor learns to read what a run's library holds.
+    return format_entry_text("Where the staircase is", "Reaching the staircase down", _stairs_lesson(dr, dc))
+
+
+def _stairs_lesson(dr: int, dc: int) -> str:
+    """The content of a MiniHack entry: the env's debrief sentence word for word (the offset and the first
+    heading; the extractor copies one span, `claimed_offset` reads it back), nothing before it: each token in front
+    puts the copy one place further from the think's quote it repeats."""
+    from envs.minihack import stairs_sentence
+
+    s = stairs_sentence(dr, dc)
+    return f"{s[0].upper()}{s[1:]}."
+
+
+def _named_step(env: Any) -> str:
+    """The step the observation names once the staircase is on the map ("a step south brings you closer"),
+    '' before: the move toward it, read off the prompt."""
+    from envs.minihack import heading_word
+
+    for r, line in enumerate(env.grid):
+        c = line.find(">")
+        if c >= 0:
+            return heading_word(r - env.agent_pos[0], c - env.agent_pos[1])
+    return ""
+
+
+# ---------------------------------------------------------------------------- ALFWorld
+
+class _NoPlacement:
+    """Priors without placement knowledge: the ALFWorld expert then searches receptacles in the
+    order the room lists them, which is what an agent without an entry can do."""
+
+    def __init__(self, priors: Any) -> None:
+        self._priors = priors
+
+    def placement(self, object_type: str) -> dict[str, float]:
+        return {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._priors, name)
+
+
+def _alfworld_action(env: Any, informed: bool) -> str:
+    from envs.alfworld import alfworld_expert
+
+    if informed:
+        return alfworld_expert(env, mode="prior")
+    real = env.priors
+    env.priors = _NoPlacement(real)
+    try:
+        return alfworld_expert(env, mode="prior")
+    finally:
+        env.priors = real
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun[:1] in 'aeiou' else 'a'} {noun}"
+
+
+def _alfworld_entry(env: Any, *, wrong: bool, rng: random.Random) -> str:
+    from envs.alfworld import prior_hint
+
+    kind = env.goal.object_type
+    if wrong:
+        others = [o for o in env.priors.objects if o != kind and env.priors.placement(o) != env.priors.placement(kind)]
+        other = rng.choice(others) if others else kind
+        return format_entry_text(f"Where to find {_a(other)}", f"Finding {_a(other)} in a household", prior_hint(other, env.priors))
+    return format_entry_text(f"Where to find {_a(kind)}", f"Finding {_a(kind)}: {env.task}", env.placement_hint())
+
+
+# ---------------------------------------------------------------------------- episodes
+
+def _condition(rng: random.Random, cfg: WarmStartConfig) -> str:
+    u = rng.random()
+    if u < cfg.share_no_entry:
+        return "none"
+    if u < cfg.share_no_entry + cfg.share_correct_entry:
+        return "correct"
+    return "wrong"
+
+
+class _Teacher:
+    """Per env: the entry for a task and condition, and the expert's action under that condition.
+
+    MiniHack: with a correct entry the expert walks where it points until the staircase is in view
+    (then straight to it); with a wrong one it also walks where the entry points, and when that leads
+    nowhere it explores as with no entry (so a demonstration shows recovering from a wrong lesson);
+    with none it explores."""
+
+    def __init__(self, env: Any, *, task_ids: bool = False) -> None:
+        from envs.entry_check import EntryChecker
+
+        self.env = env
+        self.minihack = env.name.startswith("minihack/")
+        self.task_ids = task_ids
+        self.task = ""
+        self.facts: dict[str, Any] = {}
+        self.heading = ""
+        self.following = False  # walking where the entry points (MiniHack)
+        self._last_pos: tuple[int, int] | None = None  # where the agent stood when it last took the entry's heading
+        self._levels = EntryChecker() if self.minihack else None  # learns each level with a long turn budget
+
+    def start(self, seed: int, condition: str, rng: random.Random) -> tuple[str, str, dict[str, Any]]:
+        """Reset the env on `seed` (with task_ids: on task instance `seed`); returns (first observation,
+        entry text, facts). `self.task` is the task text the actor sees."""
+        from envs.base import instance_task, task_seed
+
+        env_seed = task_seed(self.env.name, seed) if self.task_ids else seed
+        if self.minihack:
+            self.task = instance_task(self.env.name, seed, self.env.task) if self.task_ids else self.env.task
+            self.facts = self._levels.level(self.env.name, env_seed)
+            obs, _ = self.env.reset(seed=env_seed)
+            entry = ""
+            self.heading, self.following, self._last_pos = "", False, None
+            if condition != "none" and self.facts["offset"] is not None:
+                entry = _minihack_entry(self.task, self.facts, wrong=condition == "wrong", rng=rng)
+                claim = _claimed(entry)
+                if claim is not None:  # an irrelevant wrong entry claims nothing: the expert ignores it
+                    from envs.minihack import first_heading
+
+                    self.heading, self.following = first_heading(*claim), True
+        else:
+            obs, _ = self.env.reset(seed=env_seed)
+            self.facts = {"object": self.env.goal.object_type, "hint": self.env.placement_hint()}
+            entry = "" if condition == "none" else _alfworld_entry(self.env, wrong=condition == "wrong", rng=rng)
+        self.task = instance_task(self.env.name, seed, self.env.task) if self.task_ids else self.env.task
+        return obs, entry, dict(self.facts)
+
+    def action(self, condition: str) -> str:
+        if self.minihack:
+            from envs.experts import expert_action
+
+            env = self.env
+            if "cannot escape" in env.message.lower():
+                return expert_action(env)
+            seen = _named_step(env)
+            if seen:  # the observation names the step ("a step south brings you closer"): take it
+                return seen
+            if self.following:
+                # A reader of the entry: its heading, every turn until the staircase is in view. A bump (the last
+                # step left the agent where it was and no monster stands in the way: a wall) ends the reading;
+                # then it explores.
+                dr, dc = _DELTAS[self.heading]
+                ahead = (env.agent_pos[0] + dr, env.agent_pos[1] + dc)
+                if self._last_pos != env.agent_pos or ahead in env.monsters:
+                    self._last_pos = env.agent_pos
+                    return self.heading
+            self.following = False
+            return expert_action(env)
+        return _alfworld_action(self.env, informed=condition == "correct")
+
+    def random_action(self, rng: random.Random) -> str:
+        if rng.random() < 0.35:
+            return rng.choice(_INVALID_WORDS) if self.minihack else rng.choice(["search the room", "take it", "go to kitchen"])
+        if self.minihack:
+            return rng.choice(list(_DELTAS))
+        adm = list(self.env._state.admissible_commands)
+        return rng.choice(adm) if adm else "look"
+
+
+def _claimed(entry: str) -> tuple[int, int] | None:
+    from envs.minihack import claimed_offset
+
+    return claimed_offset(entry)
+
+
+def _play_expert(teacher: _Teacher, env_name: str, seed: int, condition: str, eps: float, rng: random.Random, source: str) -> Demo:
+    obs, entry, facts = teacher.start(seed, condition, rng)
+    env = teacher.env
+    turns: list[Turn] = []
+    history: list[tuple[str, str]] = []
+    info: dict[str, Any] = {}
+    while True:
+        label = teacher.action(condition)
+        taken = teacher.random_action(rng) if eps > 0 and rng.random() < eps else label
+        turns.append(Turn(obs, list(history), label, taken))
+        history.append((obs, taken))
+        obs, _, term, trunc, info = env.step(taken)
+        if term or trunc:
+            break
+    return Demo(env_name, seed, teacher.task, env.action_format, condition, entry, turns, bool(info.get("success")), source, facts,
+                keep_intro=keeps_intro(env), final_observation=obs)
+
+
+def collect_demos(cfg: WarmStartConfig, *, tick: Callable[[int], None] | None = None) -> list[Demo]:
+    """Scripted-expert episodes from every env of `cfg` (step 1), seeds disjoint from evaluation's."""
+    demos: list[Demo] = []
+    for ei, name in enumerate(cfg.envs):
+        env = _make_env(cfg, name)
+        try:
+            teacher = _Teacher(env, task_ids=cfg.task_ids)
+            rng = random.Random(f"{cfg.seed}/demos/{name}")
+            for i in range(cfg.demo_episodes):
+                noisy = rng.random() < cfg.noisy_share
+                seed = _demo_seed(cfg, ei, i)
+                demos.append(_play_expert(teacher, name, seed, _condition(rng, cfg), cfg.noise_eps if noisy else 0.0,
+                                          rng, "noisy" if noisy else "expert"))
+                if tick:
+                    tick(1)
+        finally:
+            env.close()
+    return demos
+
+
+def _make_env(cfg: WarmStartConfig, name: str) -> Any:
+    from envs.registry import make_env
+
+    return make_env(name, max_turns=cfg.max_turns) if cfg.max_turns else make_env(name)
+
+
+# With task_ids these numbers are task instance ids (ids from 1000 on: never one of a run's tasks), else env seeds.
+def _demo_seed(cfg: WarmStartConfig, env_index: int, i: int) -> int:
+    if cfg.task_ids:
+        return 1_000 + 100_000 * (cfg.seed * 10 + env_index) + i
+    return 1_000_000 * (cfg.seed + 1) + 10_000 * env_index + i
+
+
+def _dagger_seed(cfg: WarmStartConfig, env_index: int, i: int) -> int:
+    if cfg.task_ids:
+        return 1_000 + 100_000 * (cfg.seed * 10 + env_index) + 50_000 + i
+    return 1_000_000 * (cfg.seed + 1) + 10_000 * env_index + 5_000 + i
+
+
+def _eval_seed(env_index: int, i: int) -> int:
+    return 900_000_000 + 10_000 * env_index + i  # held out: never a demo or DAgger seed (or task id)
+
+
+# ============================================================================ SFT examples
+
