@@ -139,6 +139,52 @@ ARM_KINDS = ("current", "version", "file", "none", "minus", "plus")
 AB_DECODINGS = ("greedy", "sampled")
 
 
+@dataclass
+class AbTestConfig:
+    """An A/B test as the store keeps it (JSON) and `comprl eval --ab-test` plays it: two arms, each a library state
+    (`ARM_KINDS`; `arm_problem`), on the same seeds of one env, each seed `episodes_per_task` times per arm. `task_ids`:
+    the seeds are recurring task ids ("Dungeon 3: ..."). `actor`: the policy's back end and prompts for this test
+    (trainers.config.ModelSection fields plus `prompt_style`); None: the default policy or `checkpoint`. The env's name
+    and the actor's fields are checked by the evaluator, which knows the envs and back ends (trainers/evaluate.py)."""
+
+    env: str
+    seeds: list[int]
+    arms: dict[str, Any]
+    checkpoint: str = ""
+    max_turns: int | None = None
+    task_ids: bool = False
+    episodes_per_task: int = 1
+    decoding: str = "greedy"
+    actor: dict[str, Any] | None = None
+
+    def problem(self) -> str:
+        """Why this test cannot run, or "" (all but the env's name and the actor's fields)."""
+        if not self.seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in self.seeds):
+            return "seeds must be a non-empty list of integers"
+        if self.max_turns is not None and self.max_turns < 1:
+            return "max_turns must be at least 1 (or null: the env's own limit)"
+        if set(self.arms) != {"A", "B"}:
+            return "arms must be exactly A and B"
+        for name in ("A", "B"):
+            why = arm_problem(self.arms[name])
+            if why:
+                return f"arm {name}: {why}"
+        return ab_sampling_error(self.episodes_per_task, self.decoding)
+
+
+def arm_problem(arm: Any) -> str:
+    """Why an arm's library state is malformed, or "" (a file arm's path is checked where the file is read)."""
+    if not isinstance(arm, dict) or arm.get("kind") not in ARM_KINDS:
+        return f"kind must be one of {', '.join(ARM_KINDS)}"
+    if arm["kind"] == "version" and not (isinstance(arm.get("version"), int) and not isinstance(arm["version"], bool)):
+        return "a past library version (integer) is needed"
+    if arm["kind"] == "file" and not isinstance(arm.get("path"), str):
+        return "a library file path is needed"
+    if arm["kind"] in ("minus", "plus") and not (isinstance(arm.get("ids"), list) and all(isinstance(i, int) for i in arm["ids"])):
+        return "a list of entry ids is needed"
+    return ""
+
+
 def ab_sampling_error(episodes_per_task: Any, decoding: Any) -> str:
     """Why an A/B test's episodes per task and decoding cannot run together, or "". Greedy decoding plays a task
     the same way every time, so more than one episode per task needs sampling."""

@@ -1,6 +1,7 @@
 """A/B arms: each library state an arm can play with, and config validation."""
 from __future__ import annotations
 
+from core.config import AbTestConfig, from_dict
 from core.library_io import export_library
 from trainers.evaluate import arm_entries, validate_ab_config
 
@@ -42,11 +43,32 @@ def test_ab_episodes_per_task_need_sampling_and_pair_in_order():
     assert validate_ab_config({**ok, "episodes_per_task": 4, "decoding": "sampled"}) == ""
     assert "choose sampled decoding" in validate_ab_config({**ok, "episodes_per_task": 4})  # greedy is the default
     assert "decoding must be one of" in validate_ab_config({**ok, "decoding": "beam"})
-    for bad in (0, 65, 2.5, True, "4"):
+    for bad in (0, 65):
         assert "whole number from 1 to 64" in validate_ab_config({**ok, "episodes_per_task": bad, "decoding": "sampled"})
-    a, b = ab_specs({**ok, "episodes_per_task": 3}, True), ab_specs({**ok, "episodes_per_task": 3}, False)
+    for bad in (2.5, True, "4"):
+        assert "episodes_per_task" in validate_ab_config({**ok, "episodes_per_task": bad, "decoding": "sampled"})
+    cfg = from_dict(AbTestConfig, {**ok, "episodes_per_task": 3, "decoding": "sampled"})
+    a, b = ab_specs(cfg, True), ab_specs(cfg, False)
     assert [s.task_id for s in a] == [3, 5, 3, 5, 3, 5] and [s.task_id for s in b] == [s.task_id for s in a]
     assert [s.seed for s in a] == [s.seed for s in b] and len({s.group_id for s in a}) == 6
     assert all(s.with_experience for s in a) and not any(s.with_experience for s in b)
-    plain = ab_specs({**ok, "task_ids": False}, False)
+    plain = ab_specs(from_dict(AbTestConfig, {**ok, "task_ids": False}), False)
     assert [(s.seed, s.task_id) for s in plain] == [(3, None), (5, None)]
+
+
+def test_ab_config_is_typed_and_every_stored_shape_is_checked():
+    """The stored config (JSON) is an AbTestConfig: unknown fields, wrong types, missing fields and malformed
+    arms are refused with the field named, before anything plays."""
+    from trainers.evaluate import ab_config
+
+    ok = {"env": "minihack/Room-5x5", "seeds": [1, 2], "arms": {"A": {"kind": "current"}, "B": {"kind": "none"}}}
+    cfg, why = ab_config(ok)
+    assert why == "" and isinstance(cfg, AbTestConfig) and (cfg.episodes_per_task, cfg.decoding, cfg.max_turns) == (1, "greedy", None)
+    assert "unknown config field repeats" in ab_config({**ok, "repeats": 3})[1]
+    assert "has no seeds" in ab_config({k: v for k, v in ok.items() if k != "seeds"})[1]
+    assert "task_ids" in ab_config({**ok, "task_ids": "yes"})[1]
+    assert "max_turns must be at least 1" in ab_config({**ok, "max_turns": 0})[1]
+    assert "arm A: a past library version" in ab_config({**ok, "arms": {"A": {"kind": "version"}, "B": {"kind": "none"}}})[1]
+    assert "seeds must be a non-empty list of integers" in ab_config({**ok, "seeds": [1, True]})[1]
+    assert "actor.prompt_style" in ab_config({**ok, "actor": {"prompt_style": "poem"}})[1]
+    assert ab_config([1, 2])[1] == "the config must be a mapping"

@@ -502,7 +502,7 @@ def test_ab_create_validates_everything_first(wb, tmp_path):
         cfg = wb.store.get_ab_test(ab_id)["config"]
         assert cfg == {"env": "minihack/Room-5x5", "seeds": list(range(10)), "checkpoint": "", "max_turns": None,
                        "arms": {"A": {"kind": "minus", "ids": [a]}, "B": {"kind": "none"}}, "task_ids": False,
-                       "episodes_per_task": 1, "decoding": "greedy"}
+                       "episodes_per_task": 1, "decoding": "greedy", "actor": None}
     else:
         assert "trainer is not available" in msg and ab_id is None and wb.store.list_ab_tests() == []
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from core.config import ARM_KINDS, ConfigError, ab_sampling_error, LibraryConfig, from_dict
+from core.config import AbTestConfig, ConfigError, LibraryConfig, from_dict
 from core.embedding import Embedder
 from core.library_io import import_library
 from core.manager import ExperienceManager
@@ -179,56 +179,54 @@ def run_eval(run_id: int, *, data_dir: str, db_url: str, episodes: int = 0, chec
 # -- A/B tests ----------------------------------------------------------------------------------------
 
 
+def ab_config(c: dict[str, Any]) -> tuple[AbTestConfig | None, str]:
+    """(the stored A/B config as an AbTestConfig, "") or (None, why it cannot run): its shape and values
+    (`AbTestConfig.problem`), the env's name, a file arm's file, and the actor's back-end fields."""
+    if not isinstance(c, dict):
+        return None, "the config must be a mapping"
+    missing = [k for k in ("env", "seeds", "arms") if k not in c]
+    if missing:
+        return None, f"the config has no {missing[0]}"
+    if c.get("actor") is not None and not isinstance(c["actor"], dict):
+        return None, "actor must be a mapping (backend, base_url, path, served_model, prompt_style)"
+    try:
+        cfg = from_dict(AbTestConfig, c)
+    except ConfigError as e:
+        return None, str(e)
+    why = cfg.problem()
+    if not why and cfg.env not in list_envs():
+        why = f"unknown env {cfg.env!r}"
+    for name, arm in sorted(cfg.arms.items()):
+        if not why and arm["kind"] == "file" and not Path(arm["path"]).is_file():
+            why = f"arm {name}: library file {arm['path']!r} does not exist"
+    if not why and cfg.actor is not None:
+        actor = dict(cfg.actor)
+        if actor.pop("prompt_style", "compact") not in ("compact", "chat"):
+            why = "actor.prompt_style must be compact or chat"
+        else:
+            try:
+                from_dict(ModelSection, actor)
+            except (ConfigError, TypeError, ValueError) as e:
+                why = f"actor: {e}"
+    return (None, why) if why else (cfg, "")
+
+
 def validate_ab_config(c: dict[str, Any]) -> str:
     """Why an A/B config cannot run, or ""."""
-    if c.get("env") not in list_envs():
-        return f"unknown env {c.get('env')!r}"
-    seeds = c.get("seeds")
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
-        return "seeds must be a non-empty list of integers"
-    if not isinstance(c.get("task_ids", False), bool):
-        return "task_ids must be true (the seeds are recurring task ids) or false"
-    why = ab_sampling_error(c.get("episodes_per_task", 1), c.get("decoding", "greedy"))
-    if why:
-        return why
-    arms = c.get("arms")
-    if not isinstance(arms, dict) or set(arms) != {"A", "B"}:
-        return "arms must be exactly A and B"
-    for name, a in arms.items():
-        if not isinstance(a, dict) or a.get("kind") not in ARM_KINDS:
-            return f"arm {name}: kind must be one of {', '.join(ARM_KINDS)}"
-        if a["kind"] == "version" and not isinstance(a.get("version"), int):
-            return f"arm {name}: a past library version (integer) is needed"
-        if a["kind"] == "file" and not Path(str(a.get("path", ""))).is_file():
-            return f"arm {name}: library file {a.get('path')!r} does not exist"
-        if a["kind"] in ("minus", "plus") and not (isinstance(a.get("ids"), list) and all(isinstance(i, int) for i in a["ids"])):
-            return f"arm {name}: a list of entry ids is needed"
-    if c.get("actor") is not None:
-        actor = c["actor"]
-        if not isinstance(actor, dict):
-            return "actor must be a mapping (backend, base_url, path, served_model, prompt_style)"
-        actor = dict(actor)
-        if actor.pop("prompt_style", "compact") not in ("compact", "chat"):
-            return "actor.prompt_style must be compact or chat"
-        try:
-            from_dict(ModelSection, actor)
-        except (ConfigError, TypeError, ValueError) as e:
-            return f"actor: {e}"
-    return ""
+    return ab_config(c)[1]
 
 
-def ab_specs(c: dict[str, Any], with_experience: bool) -> list[EpisodeSpec]:
+def ab_specs(c: AbTestConfig, with_experience: bool) -> list[EpisodeSpec]:
     """An arm's episodes: every seed (or recurring task id) once, then again for each further episode per task, in
     the same order in both arms, so episode i of A and episode i of B are a pair (same task, same sampling stream)."""
-    seeds, reps = list(c["seeds"]), int(c.get("episodes_per_task", 1))
     specs = []
-    for r in range(reps):
-        for j, s in enumerate(seeds):
-            g = -1 - (r * len(seeds) + j)
-            if c.get("task_ids"):  # recurring tasks: the instance of each id, its id in the task text
-                specs.append(EpisodeSpec(c["env"], task_seed(c["env"], s), with_experience, g, s))
+    for r in range(c.episodes_per_task):
+        for j, s in enumerate(c.seeds):
+            g = -1 - (r * len(c.seeds) + j)
+            if c.task_ids:  # recurring tasks: the instance of each id, its id in the task text
+                specs.append(EpisodeSpec(c.env, task_seed(c.env, s), with_experience, g, s))
             else:
-                specs.append(EpisodeSpec(c["env"], s, with_experience, g))
+                specs.append(EpisodeSpec(c.env, s, with_experience, g))
     return specs
 
 
@@ -260,32 +258,30 @@ def arm_entries(store: ExperienceStore, arm: dict[str, Any]) -> list[NewEntry] |
 def run_ab_test(ab_id: int, *, data_dir: str, db_url: str) -> dict[str, Any]:
     store = ExperienceStore(db_url)
     ab = store.get_ab_test(ab_id)
-    c = ab["config"]
     try:
-        why = validate_ab_config(c)
-        if why:
+        c, why = ab_config(ab["config"])
+        if c is None:
             raise ValueError(why)
         store.update_ab_test(ab_id, status="running", progress=0.0)
         cfg = RunConfig()
-        cfg.env.names = {c["env"]: 1.0}
-        if c.get("actor"):  # the policy's back end and prompts, e.g. {backend: openai, base_url: ..., path: ..., prompt_style: chat}
-            actor = dict(c["actor"])
+        cfg.env.names = {c.env: 1.0}
+        if c.actor:  # the policy's back end and prompts, e.g. {backend: openai, base_url: ..., path: ..., prompt_style: chat}
+            actor = dict(c.actor)
             cfg.rollout.prompt_style = actor.pop("prompt_style", cfg.rollout.prompt_style)
             cfg.actor = from_dict(ModelSection, {**dataclasses.asdict(cfg.actor), **actor})
-        if c.get("max_turns"):
-            cfg.env.max_turns = int(c["max_turns"])
-        policy = c.get("checkpoint") or resolve_model_path(cfg.actor.path, data_dir)
-        if not c.get("checkpoint") and cfg.actor.path.startswith("embedded:"):
+        if c.max_turns:
+            cfg.env.max_turns = c.max_turns
+        policy = c.checkpoint or resolve_model_path(cfg.actor.path, data_dir)
+        if not c.checkpoint and cfg.actor.path.startswith("embedded:"):
             ensure_models(data_dir)
         lib = LibraryConfig()
         embedder = Embedder(lib.embedding)
         mcfg = dataclasses.replace(lib.manager, random_demote=False)
-        seeds = list(c["seeds"])
         results: dict[str, ConditionResult] = {}
         with tempfile.TemporaryDirectory() as tmp:
             roller = router = pool = None
             try:
-                for i, (name, arm) in enumerate(sorted(c["arms"].items())):
+                for i, (name, arm) in enumerate(sorted(c.arms.items())):
                     entries = arm_entries(store, arm)
                     manager = None
                     if entries is not None:
@@ -294,10 +290,10 @@ def run_ab_test(ab_id: int, *, data_dir: str, db_url: str) -> dict[str, Any]:
                             arm_store.add_entries(entries, actor="ab-test")
                         manager = ExperienceManager(arm_store, embedder, mcfg, lib.index, seed=0)
                     if roller is None:
-                        roller, router, pool = _roller_for(cfg, policy, manager, min(len(seeds), 16))
+                        roller, router, pool = _roller_for(cfg, policy, manager, min(len(c.seeds), 16))
                     roller.manager = manager
                     specs = ab_specs(c, manager is not None)
-                    eps = play(greedy(roller) if c.get("decoding", "greedy") == "greedy" else roller, router, specs, step=0)
+                    eps = play(greedy(roller) if c.decoding == "greedy" else roller, router, specs, step=0)
                     cond = results.setdefault(name, ConditionResult())
                     for e in eps:
                         cond.add(e)

@@ -1,6 +1,7 @@
 """A/B tests of two library states on held-out tasks: create (validated), list, details with the paired test."""
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from collections import Counter
 import time
@@ -15,7 +16,7 @@ from app.service.common import (
     _err, _ok, parse_ids, parse_seeds, _tail, trainer_available, UserInputError, whole_number,
 )
 from core import build_progress, library_io
-from core.config import ARM_KINDS, ab_sampling_error
+from core.config import ARM_KINDS, AbTestConfig, ab_sampling_error
 from core.metrics import mcnemar_test, paired_outcomes
 from core.store import ExperienceStore, StoreError
 from envs.registry import list_envs
@@ -116,8 +117,8 @@ class AbTestsPart:
         ok, why = trainer_available()
         if not ok:
             return _err(f"cannot run the evaluation: {why}"), None
-        config = {"env": env, "seeds": seed_list, "checkpoint": ckpt, "max_turns": mt, "arms": arms, "task_ids": bool(task_ids),
-                  "episodes_per_task": reps, "decoding": decoding}
+        config = dataclasses.asdict(AbTestConfig(env=env, seeds=seed_list, arms=arms, checkpoint=ckpt, max_turns=mt,
+                                                 task_ids=bool(task_ids), episodes_per_task=reps, decoding=decoding))
         ab_id = self.store.create_ab_test(name.strip(), config)
         launched = self._spawn("ab", ["eval", "--ab-test", str(ab_id)], f"ab-{ab_id}.log", ab_id=ab_id)
         # The brief's place for the log: <data-dir>/ab/<id>.log (a link to the file being written).
