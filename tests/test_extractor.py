@@ -200,7 +200,8 @@ def test_eq7_weights_differ_from_one_on_a_real_buffer(loop, store):
             eps = roller.collect([EpisodeSpec("minihack/Room-5x5", 100 * step + i, i < 2, 0) for i in range(4)], step=step)
             for e in eps:
                 e.traj.success = e.spec.seed % 2 == 0  # both outcomes, so rewards are not all equal
-            loop.after_rollouts(eps, step)
+            loop.score(eps, step)
+            loop.queue_distillation(eps, step)
             loop.wait_idle()
             if loop.buffer:
                 weights_seen.append(loop.eq7_weights(loop.buffer[: loop.xc.buffer_size]))

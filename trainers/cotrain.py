@@ -2,7 +2,8 @@
 
     collect -> score -> advantages + actor step -> distil -> extractor step -> merge -> log
 
-`train(ctx)` is the whole loop. What changes between the variants:
+`train(ctx)` is the whole loop: set-up, then one call per phase, each returning its metrics, which the log phase
+writes as one flat dict per step. What changes between the variants:
     grpo           no experience anywhere; only the actor learns
     static         experience from a frozen extractor; the library grows, the extractor does not learn
     exp_only       the extractor learns; the actor is frozen
@@ -36,8 +37,8 @@ from trainers.rollout import Episode, Roller, episode_metrics, trajectory_record
 from trainers.slots import SlotRouter, collect, env_factory, make_specs, pool_slots
 from trainers.warmstart import ensure_models
 
-__all__ = ["EntryAudit", "SlotRouter", "ensure_embedded_models", "evaluate_run", "load_actor", "make_specs", "pool_slots",
-           "train"]
+__all__ = ["EntryAudit", "Rollouts", "SlotRouter", "ensure_embedded_models", "evaluate_run", "load_actor", "make_specs",
+           "pool_slots", "train"]
 
 
 def ensure_embedded_models(cfg: RunConfig, data_dir: Path) -> None:
@@ -129,14 +130,7 @@ def train(ctx: RunContext) -> None:
             st["experience"] = experience.state_dict()
         ctx.save_checkpoint(step, models=models, state=st)
 
-    def collect_step(at: int) -> list[Episode]:
-        # during warm-up: no retrieval, the library is only seeded
-        return collect(roller, router, make_specs(cfg, mixture, rng, at), at, retrieval=at > cfg.run.warmup_steps)
-
-    # Asynchronous mode: the next step's rollouts run (on the rollout copy of the policy, one update
-    # behind: staleness 1) while this step learns. Deterministic mode collects, then learns.
-    prefetch = ThreadPoolExecutor(1, thread_name_prefix="rollout") if not cfg.run.deterministic else None
-    pending: Future | None = None
+    rollouts = Rollouts(cfg, roller, router, mixture, rng, learner=learner, manager=manager)
     step = ctx.start_step
     status, error = "finished", ""
     try:
@@ -148,39 +142,35 @@ def train(ctx: RunContext) -> None:
                 break
             step += 1
             t_step = time.perf_counter()
-            warm = step <= cfg.run.warmup_steps
-            # -- collect
-            episodes = pending.result() if pending is not None else collect_step(step)
-            pending = None
-            rollout_stats = {**roller.stats, "rollout/staleness": 0.0 if prefetch is None or step == ctx.start_step + 1 else 1.0}
+            warm = step <= cfg.run.warmup_steps  # warm-up: no retrieval and no actor update; the library is only seeded
             eval_due = bool(cfg.run.eval_every and step % cfg.run.eval_every == 0)
-            if prefetch is not None and step < cfg.run.max_steps and not eval_due:
-                if rollout_backend is not learner and cfg.trains_actor:
-                    rollout_backend.sync_weights(learner.state_dict_for_sync())  # the policy after update step-1
-                pending = prefetch.submit(collect_step, step + 1)
-            if cfg.run.store_episodes:
+            # -- collect: this step's episodes; in asynchronous mode the next step's start now, behind this step's update
+            episodes, metrics = rollouts.collect(step, prefetch_next=step < cfg.run.max_steps and not eval_due)
+            if cfg.run.store_episodes:  # before score and distil, which link the library's records to the stored episodes
                 ids = ctx.store.add_trajectories([trajectory_record(e, run_id=ctx.run_id, step=step) for e in episodes])
                 for e, i in zip(episodes, ids):
                     e.store_id = i
-            metrics = {**episode_metrics(episodes), **rollout_stats}
-            if manager is not None:
-                metrics.update(manager.latency_percentiles())
-            # -- advantages + actor step
+            # -- score: outcomes credit the entries that guided them and become the extractor's CISPO samples
+            if experience is not None:
+                metrics.update(experience.score(episodes, step))
+            # -- advantages + actor step (GRPO with split subgroups)
             if cfg.trains_actor and not warm:
                 with learner.lock:
                     metrics.update(actor_update(learner, optimizer, episodes, cfg.loss, cfg.actor))
-                if rollout_backend is not learner and pending is None:
-                    rollout_backend.sync_weights(learner.state_dict_for_sync())
-            # -- distil, extractor step, merge
+                rollouts.sync_policy()
             if experience is not None:
-                metrics.update(experience.after_rollouts(episodes, step))
+                # -- distil: every episode to the extractor, in the background (a deterministic run waits for it)
+                experience.queue_distillation(episodes, step)
+                # -- extractor step: CISPO, once the buffer holds extractor.buffer_size samples
                 metrics.update(experience.maybe_update(step))
+                # -- merge: every extractor.merge_every steps after the warm-up
                 if cfg.extractor.merge_every and step % cfg.extractor.merge_every == 0 and not warm:
                     metrics.update(experience.merge(step))
-                metrics.update(experience.metrics())
+            # -- log
+            if experience is not None:
+                metrics.update(experience.totals())
             if audit is not None:
                 metrics.update(audit.metrics())
-            # -- log
             metrics["time/step_s"] = time.perf_counter() - t_step
             ctx.log(step, metrics)
             if step % cfg.run.checkpoint_every == 0:
@@ -194,11 +184,7 @@ def train(ctx: RunContext) -> None:
         status, error = "failed", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
         raise
     finally:
-        if pending is not None:  # a prefetched step that will not be learned from: let it finish, drop it
-            with contextlib.suppress(Exception):
-                pending.result()
-        if prefetch is not None:
-            prefetch.shutdown(wait=True)
+        rollouts.close()
         with contextlib.suppress(Exception):
             if step > ctx.start_step or status != "failed":
                 checkpoint(step)
@@ -212,6 +198,63 @@ def train(ctx: RunContext) -> None:
         if cluster is not None:
             cluster.close()
         ctx.finish(status, error)
+
+
+class Rollouts:
+    """The collect phase: a step's episodes and their metrics (episode outcomes, the Roller's rollout/* measurements,
+    retrieval latency, rollout/staleness).
+
+    Asynchronous mode (run.deterministic false): while a step learns, the next step's episodes are collected in a
+    background thread on the rollout copy of the policy, one update behind (staleness 1). Deterministic mode collects,
+    then learns. Either way the rollout copy (a separate HF model, vLLM or a Ray engine) gets the learner's weights
+    after an update, or before the next prefetch when one was running meanwhile."""
+
+    def __init__(self, cfg: RunConfig, roller: Roller, router: SlotRouter, mixture: TaskMixture, rng: random.Random, *,
+                 learner, manager):
+        self.cfg, self.roller, self.router, self.mixture, self.rng = cfg, roller, router, mixture, rng
+        self.learner, self.manager = learner, manager
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="rollout") if not cfg.run.deterministic else None
+        self._pending: Future | None = None
+
+    def collect(self, step: int, *, prefetch_next: bool) -> tuple[list[Episode], dict[str, float]]:
+        """Step `step`'s episodes, prefetched or collected now; in asynchronous mode start step + 1's when
+        `prefetch_next` (not after the last step, nor before an evaluation, which plays on the rollout copy)."""
+        if self._pending is not None:
+            episodes, metrics = self._pending.result()
+            self._pending = None
+            metrics["rollout/staleness"] = 1.0  # collected while the previous step learned
+        else:
+            episodes, metrics = self._collect(step)
+            metrics["rollout/staleness"] = 0.0
+        if self._thread is not None and prefetch_next:
+            if self.roller.actor is not self.learner and self.cfg.trains_actor:
+                self.roller.actor.sync_weights(self.learner.state_dict_for_sync())  # the policy after update step-1
+            self._pending = self._thread.submit(self._collect, step + 1)
+        return episodes, metrics
+
+    def _collect(self, step: int) -> tuple[list[Episode], dict[str, float]]:
+        specs = make_specs(self.cfg, self.mixture, self.rng, step)
+        episodes = collect(self.roller, self.router, specs, step, retrieval=step > self.cfg.run.warmup_steps)
+        # read in the thread that collected, right after: the Roller's measurements of this call, the latencies of
+        # this call's retrievals
+        metrics = {**episode_metrics(episodes), **self.roller.stats}
+        if self.manager is not None:
+            metrics.update(self.manager.latency_percentiles())
+        return episodes, metrics
+
+    def sync_policy(self) -> None:
+        """After an actor update: the rollout copy takes the new weights, unless a prefetch is running on the old ones
+        (then it takes them before the next prefetch)."""
+        if self.roller.actor is not self.learner and self._pending is None:
+            self.roller.actor.sync_weights(self.learner.state_dict_for_sync())
+
+    def close(self) -> None:
+        if self._pending is not None:  # a prefetched step that will not be learned from: let it finish, drop it
+            with contextlib.suppress(Exception):
+                self._pending.result()
+            self._pending = None
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
 
 
 class EntryAudit:

@@ -1,9 +1,14 @@
 """The experience extractor: distillation, search-and-ask rewrites, merges, and its CISPO learner.
 
     loop = ExperienceLoop(cfg, store, manager, data_dir=..., run_id=...)
-    loop.after_rollouts(episodes, step)   # credit retrieved entries, queue episodes for distillation
-    loop.maybe_update(step)               # CISPO when the buffer holds extractor.buffer_size samples
-    loop.merge(step)                      # periodic sliding-window merge with the extractor as merge_fn
+    loop.score(episodes, step)               # credit retrieved entries with outcomes; their CISPO samples into the buffer
+    loop.queue_distillation(episodes, step)  # every episode to the background distiller (a deterministic run waits)
+    loop.maybe_update(step)                  # CISPO when the buffer holds extractor.buffer_size samples
+    loop.merge(step)                         # periodic sliding-window merge with the extractor as merge_fn
+    loop.totals()                            # running counters and the library's size, for the step's log line
+
+Each call is one phase of the training loop (trainers/cotrain.py); score, maybe_update and merge return that
+phase's metrics, and what the background distillation did shows in totals().
 
 Distillation runs in a background thread: finished episodes enter a queue, the consumer batches
 them into one generate call, parses `<think>…</think><answer>[ops]</answer>` and applies the
@@ -84,9 +89,7 @@ class ExperienceLoop:
         self.buffer: list[Sample] = []
         self.counters = {"parse_failures": 0, "distilled": 0, "adds": 0, "updates_ops": 0, "refused_ops": 0, "dropped": 0,
                          "tool_calls": 0, "tool_hits": 0, "merges": 0}
-        self.last_update: dict[str, float] = {}
         self.last_merge: MergeReport | None = None
-        self.tool_latency_ms: list[float] = []
         self._queue: queue.Queue[tuple[Episode, int] | None] = queue.Queue()
         self._lock = threading.Lock()
         self._closed = False
@@ -108,12 +111,17 @@ class ExperienceLoop:
 
     # -- distillation (background) -----------------------------------------------------------------
 
-    def submit(self, episodes: Sequence[Episode], step: int) -> None:
+    def queue_distillation(self, episodes: Sequence[Episode], step: int) -> None:
+        """Every finished episode, success or failure, to the distillation queue (METHOD.md step 3); past
+        extractor.max_backlog an episode is dropped and counted. Its results (entries written, parse failures) show
+        in `totals()`."""
         for e in episodes:
             if self._queue.qsize() >= self.xc.max_backlog:
                 self.counters["dropped"] += 1
                 continue
             self._queue.put((e, step))
+        if self.cfg.run.deterministic:
+            self.wait_idle()  # reproducible runs: the library after step t does not depend on thread timing
 
     def _consume(self) -> None:
         while True:
@@ -181,23 +189,22 @@ class ExperienceLoop:
     # -- search-and-ask (METHOD.md step 2) ------------------------------------------------------------
 
     def tool_fn(self, task: str, query: str, env: str, step: int) -> tuple[str, list[int], Any]:
-        t0 = time.perf_counter()
+        """The Roller's search-and-ask tool (it measures each call's latency: search_and_ask/latency_ms)."""
         self.counters["tool_calls"] += 1
         hits = self.manager.search_sync([query or task], k=1, task=env, scope=[task])[0]
         if not hits:
-            self.tool_latency_ms.append((time.perf_counter() - t0) * 1000)
             return "", [], None
         self.counters["tool_hits"] += 1
         user = self.templates["REWRITE_USER"].format(task=task, query=query, entry=hits[0].text)
         gen = self._generate([user], seed=derive_seed(self.seed, step, "rewrite", self.counters["tool_calls"]))[0]
         answer = parse_rewrite(gen.response) or hits[0].text  # an unparsable rewrite falls back to the entry itself
-        self.tool_latency_ms.append((time.perf_counter() - t0) * 1000)
         return answer, [hits[0].entry_id], gen
 
     # -- credit and CISPO ------------------------------------------------------------------------------
 
-    def after_rollouts(self, episodes: Sequence[Episode], step: int) -> dict[str, float]:
-        """Credit retrieved entries with the outcomes they guided; queue every episode for distillation."""
+    def score(self, episodes: Sequence[Episode], step: int) -> dict[str, float]:
+        """Credit retrieved entries with the outcomes they guided (the store's usage counters); each credited entry's
+        generation, and each search-and-ask rewrite, becomes a CISPO sample in the buffer."""
         retrieved = [list(e.traj.experience_ids) for e in episodes]
         outcomes = torch.tensor([float(e.success) for e in episodes])
         baselines = None
@@ -227,9 +234,6 @@ class ExperienceLoop:
                         self.buffer.append(Sample(None, list(g.prompt_ids), list(g.response_ids), list(g.response_logprobs),
                                                   1.0 if e.success else -1.0))
                         new += 1
-        self.submit(episodes, step)
-        if self.cfg.run.deterministic:
-            self.wait_idle()  # reproducible runs: the library after step t does not depend on thread timing
         return {"extractor/new_samples": float(new), "retrieval/hit_rate": _hit_rate(episodes)}
 
     def maybe_update(self, step: int) -> dict[str, float]:
@@ -294,13 +298,12 @@ class ExperienceLoop:
         self.store.record_trained(trained, self.updates - 1)
         st = [cispo_stats(lp, o, m, eps_low=self.xc.eps_low, eps_high=self.xc.eps_high) for lp, o, m in logps]
         w = weights if weights is not None else torch.ones(len(batch))
-        self.last_update = {
+        return {
             "extractor/loss": total, "extractor/reward_mean": float(rewards.mean()), "extractor/grad_norm": float(grad_norm),
             "extractor/weight_mean": float(w.mean()), "extractor/weight_zero_frac": float((w == 0).float().mean()),
             "extractor/clip_frac": sum(x["clip_frac"] for x in st) / len(st), "extractor/updates": float(self.updates),
             "extractor/lr": lr,
         }
-        return self.last_update
 
     # -- merge (METHOD.md step 4) ---------------------------------------------------------------------
 
@@ -356,18 +359,16 @@ class ExperienceLoop:
 
     # -- metrics, state, life cycle ------------------------------------------------------------------------
 
-    def metrics(self) -> dict[str, float]:
+    def totals(self) -> dict[str, float]:
+        """Running counters since the run began and the state now (buffer, backlog, library size); reading them
+        changes nothing."""
         c = self.counters
-        out = {"extractor/buffer": float(len(self.buffer)), "extractor/backlog": float(self._queue.qsize()),
-               "extractor/parse_failures": float(c["parse_failures"]), "extractor/distilled": float(c["distilled"]),
-               "extractor/dropped": float(c["dropped"]), "library/size": float(self.manager.active_count()),
-               "library/adds": float(c["adds"]), "library/updates": float(c["updates_ops"]),
-               "library/refused_ops": float(c["refused_ops"]), "search_and_ask/calls": float(c["tool_calls"]),
-               "extractor/updates": float(self.updates)}
-        if self.tool_latency_ms:
-            out["search_and_ask/latency_ms"] = sum(self.tool_latency_ms) / len(self.tool_latency_ms)
-            self.tool_latency_ms = []
-        return out
+        return {"extractor/buffer": float(len(self.buffer)), "extractor/backlog": float(self._queue.qsize()),
+                "extractor/parse_failures": float(c["parse_failures"]), "extractor/distilled": float(c["distilled"]),
+                "extractor/dropped": float(c["dropped"]), "library/size": float(self.manager.active_count()),
+                "library/adds": float(c["adds"]), "library/updates": float(c["updates_ops"]),
+                "library/refused_ops": float(c["refused_ops"]), "search_and_ask/calls": float(c["tool_calls"]),
+                "extractor/updates": float(self.updates)}
 
     def models_to_save(self) -> dict[str, Any]:
         return {"extractor": self.backend} if self.backend is not None else {}  # an endpoint's weights are the server's
