@@ -89,6 +89,17 @@ def test_load_backend_describes_itself(model_dir, capsys):
     assert "float32" in b.describe()
 
 
+def test_inference_backend_picks_each_roles_back_end(model_dir):
+    """Evaluation, A/B arms and the demo generate through inference_backend: transformers by default, the
+    OpenAI-compatible client with `backend: openai` (its tokenizer from the folder)."""
+    from trainers.config import ModelSection
+    from trainers.models import HFBackend, OpenAIBackend, inference_backend
+
+    assert isinstance(inference_backend(ModelSection(), model_dir, quiet=True), HFBackend)
+    remote = inference_backend(ModelSection(backend="openai", base_url="http://127.0.0.1:9/v1"), model_dir, quiet=True)
+    assert isinstance(remote, OpenAIBackend)
+
+
 def test_bad_model_path_is_one_sentence(tmp_path):
     with pytest.raises(BackendError) as e:
         load_backend("hf", tmp_path / "nope", quiet=True)

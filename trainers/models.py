@@ -131,3 +131,4 @@ def inference_backend(model_cfg: Any, path: str | os.PathLike, *, num_threads: i
                             want_logprobs=False, quiet=quiet)
     if model_cfg.backend == "vllm":
         return load_backend("vllm", path, quiet=quiet)
+    return load_backend("hf", path, device=model_cfg.device, num_threads=num_threads, quiet=quiet)
