@@ -243,14 +243,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
         store = ExperienceStore(db)
         try:
-            _, paired = ab_pairs(store, store.get_ab_test(args.ab_test))
+            test = store.get_ab_test(args.ab_test)
+            _, paired = ab_pairs(store, test)
         finally:
             store.close()
         if paired is None:
             print(f"difference {out['diff']:+.3f}, unpaired p = {out['p_value']:.3g} (the episodes to pair are not all stored)")
         else:  # both arms played the same seeds: the paired test
+            what = "tasks" if int(test["config"].get("episodes_per_task", 1)) == 1 else "pairs (a task's k-th sampled episode in each arm)"
             print(f"difference {out['diff']:+.3f}; paired (McNemar's, {paired['method']}) p = {paired['p_value']:.3g} on "
-                  f"{paired['pairs']} tasks: {paired['a_only']} solved by A only, {paired['b_only']} by B only")
+                  f"{paired['pairs']} {what}: {paired['a_only']} solved by A only, {paired['b_only']} by B only")
         return 0
     if args.run_id is None:
         raise UserError("give a RUN_ID or --ab-test ID")

@@ -124,3 +124,31 @@ def test_small_things_a_new_user_meets(tmp_path):
     bad.write_text('{"text": "abc\n')
     r = comprl("library", "import", str(bad), data_dir=data)
     assert "Unterminated string starting at column" in r.stderr and "at at" not in r.stderr
+
+
+def test_an_ab_test_with_sampled_episodes_per_task_runs_and_pairs_them(tmp_path):
+    """`comprl eval --ab-test ID` end to end on a real (untrained, tiny) policy and a real MiniHack pool: 2 task ids x
+    3 sampled episodes per arm, stored and paired episode by episode; a task's repeats are not replays."""
+    from core.store import ExperienceStore
+    from trainers.models import build_tiny_qwen2, build_tokenizer, save_model_folder
+
+    tok = build_tokenizer(["north south east west northeast northwest southeast southwest the stairs > @ ."] * 40, vocab_size=400)
+    model = save_model_folder(build_tiny_qwen2(tok, hidden=32, layers=1, heads=2, kv_heads=1, max_pos=2048), tok, tmp_path / "m")
+    data = tmp_path / "data"
+    data.mkdir()
+    store = ExperienceStore(f"sqlite:///{data / 'workbench.db'}")
+    store.add_entry("## Title: Stairs\n## Description: d\n## Content: the staircase is 2 south of the start", env="minihack/Room-Ultimate-5x5",
+                    task="Dungeon 0: Reach the staircase")
+    ab = store.create_ab_test("cli", {"env": "minihack/Room-Ultimate-5x5", "seeds": [0, 1], "checkpoint": str(model), "max_turns": 2,
+                                      "task_ids": True, "episodes_per_task": 3, "decoding": "sampled",
+                                      "arms": {"A": {"kind": "current"}, "B": {"kind": "none"}}})
+    out = comprl("eval", "--ab-test", str(ab), data_dir=data)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "on 6 pairs (a task's k-th sampled episode in each arm)" in out.stdout
+    t = store.get_ab_test(ab)
+    assert t["status"] == "done" and t["results"]["arms"]["A"]["n"] == t["results"]["arms"]["B"]["n"] == 6
+    eps = sorted(store.list_trajectories(ab_test_id=ab, limit=20), key=lambda e: e["id"])
+    assert [e["with_experience"] for e in eps] == [True] * 6 + [False] * 6
+    actions = [tuple(s["action"] for s in store.get_trajectory(e["id"])["steps"]) for e in eps[:6]]
+    assert len(set(actions)) > 2  # six sampled episodes of two tasks, not two episodes replayed three times
+    store.close()
