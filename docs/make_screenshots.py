@@ -248,7 +248,7 @@ def shoot(url: str, out: Path, info: dict) -> None:
 def shoot_run(url: str, out: Path, run_id: int, prefix: str, ab: bool = False) -> None:
     """The Live curves and the Library of an existing run (a data dir a study or `make run` left behind); with `ab`,
     an A/B test started from the A/B tab with its defaults (the current library against none, on the default's task
-    ids), photographed once its McNemar test is in."""
+    ids), photographed once it is done (its McNemar test, results per arm and per task)."""
     from playwright.sync_api import expect, sync_playwright
 
     out.mkdir(parents=True, exist_ok=True)
@@ -273,7 +273,7 @@ def shoot_run(url: str, out: Path, run_id: int, prefix: str, ab: bool = False) -
             ab_id = page.locator("#ab-msg").inner_text().split("A/B test ", 1)[1].split(" ", 1)[0]
             page.locator("#ab-id input").fill(ab_id)
             deadline = time.time() + 1800
-            while "McNemar" not in page.locator("#ab-summary").inner_text():  # done: the summary has the p-value
+            while "status done" not in page.locator("#ab-summary").inner_text():  # its results per arm and per task are in
                 if time.time() > deadline:
                     raise RuntimeError(f"A/B test {ab_id} did not finish in 30 minutes; see its log in the A/B tab")
                 page.locator("#ab-open").click()

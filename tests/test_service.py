@@ -574,7 +574,7 @@ def test_ab_details_pair_each_tasks_kth_sampled_episode(wb):
     wb.store.update_ab_test(ab, status="done", progress=1.0, results={"diff": 5 / 12, "p_value": 0.03, "arms": {}})
     summary, _, _, _, eps = wb.ab_details(ab)
     assert "3 task ids × 4 sampled episodes = 12 per arm" in summary
-    assert "the same 12 task episodes" in summary and "**6** solved by A only, **1** by B only" in summary
+    assert "12 pairs: each task's k-th sampled episode in A and in B" in summary and "**6** solved by A only, **1** by B only" in summary
     assert "both solved 1, neither 4" in summary and list(eps["arm"]) == ["A"] * 12 + ["B"] * 12
 
 
