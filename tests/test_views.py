@@ -1,4 +1,4 @@
-"""app/views.py without a browser: smoothing, downsampling, figures, tables, HTML."""
+"""app/views/ without a browser: smoothing, downsampling, figures, tables, HTML."""
 from __future__ import annotations
 
 import json
