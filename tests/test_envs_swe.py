@@ -386,7 +386,7 @@ def test_agent_code_is_never_root_and_sees_only_the_interpreter_of_roots_home():
 
 
 def test_refuses_to_start_where_agent_code_would_run_as_root(monkeypatch):
-    import envs.swe as swe
+    import envs.swe.sandbox as swe  # where Sandbox looks up _interpreter_plan
 
     monkeypatch.setattr(swe.os, "geteuid", lambda: 0)
     monkeypatch.setattr(swe, "_interpreter_plan", lambda exe: (False, None))
