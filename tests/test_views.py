@@ -224,6 +224,10 @@ def test_ab_tables_and_summary():
     assert df.iloc[0]["Wilson 95% CI"] == "[0.53, 0.89]"
     assert df.iloc[1]["Wilson 95% CI"] == "[0.30, 0.70]"  # recomputed: Wilson(10, 20) = (.299, .701)
     assert views.ab_per_task_table(results).iloc[0].tolist() == ["t1", "1.00", "0.50"]
+    long = {"per_task": {f"env: Dungeon {i}: " + "Reach the staircase down in a dark room " * 3: {"A": 1.0, "B": 0.0} for i in (10, 2, 1)}}
+    table = views.ab_per_task_table(long)
+    assert [t.split(":")[1] for t in table["task"]] == [" Dungeon 1", " Dungeon 2", " Dungeon 10"]  # natural order
+    assert all(len(t) <= 70 for t in table["task"])  # shortened, so the rates stay in view
     test = {"id": 4, "name": "x", "status": "done", "progress": 1.0, "error": "", "created_at": time.time(),
             "config": {"env": "minihack/Room-5x5", "seeds": list(range(20)), "checkpoint": "", "max_turns": None,
                        "arms": {"A": {"kind": "current"}, "B": {"kind": "minus", "ids": [3, 4]}}}, "results": results}

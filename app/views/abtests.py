@@ -3,12 +3,13 @@ episodes table (shared with replay)."""
 from __future__ import annotations
 
 import html
+import re
 from typing import Any, Sequence
 
 import pandas as pd
 
-from core.metrics import wilson_interval
 from app.views.tables import fmt_rate, fmt_time, short
+from core.metrics import wilson_interval
 
 
 def arm_label(arm: dict[str, Any]) -> str:
@@ -51,8 +52,15 @@ def ab_results_table(results: dict[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["arm", "episodes", "successes", "success rate", "Wilson 95% CI", "mean actions"])
 
 
+def _natural(text: str) -> list[Any]:
+    """Sort key that orders "Dungeon 2" before "Dungeon 10"."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text)]
+
+
 def ab_per_task_table(results: dict[str, Any]) -> pd.DataFrame:
-    rows = [[task, fmt_rate(v.get("A")), fmt_rate(v.get("B"))] for task, v in sorted((results or {}).get("per_task", {}).items())]
+    """Success per task and arm, tasks in natural order, each shortened so the rates stay in view."""
+    items = sorted((results or {}).get("per_task", {}).items(), key=lambda kv: _natural(kv[0]))
+    rows = [[short(task, 70), fmt_rate(v.get("A")), fmt_rate(v.get("B"))] for task, v in items]
     return pd.DataFrame(rows, columns=["task", "rate A", "rate B"])
 
 
