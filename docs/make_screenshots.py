@@ -245,10 +245,11 @@ def shoot(url: str, out: Path, info: dict) -> None:
         browser.close()
 
 
-def shoot_run(url: str, out: Path, run_id: int, prefix: str, ab: bool = False) -> None:
+def shoot_run(url: str, out: Path, run_id: int, prefix: str, ab: bool = False, ab_id: int = 0) -> None:
     """The Live curves and the Library of an existing run (a data dir a study or `make run` left behind); with `ab`,
     an A/B test started from the A/B tab with its defaults (the current library against none, on the default's task
-    ids), photographed once it is done (its McNemar test, results per arm and per task)."""
+    ids), photographed once it is done (its McNemar test, results per arm and per task); with `ab_id`, that existing
+    test is opened and photographed instead."""
     from playwright.sync_api import expect, sync_playwright
 
     out.mkdir(parents=True, exist_ok=True)
@@ -265,13 +266,14 @@ def shoot_run(url: str, out: Path, run_id: int, prefix: str, ab: bool = False) -
         page.get_by_role("tab", name="Library").click()
         page.wait_for_timeout(4000)
         page.screenshot(path=str(out / f"{prefix}library.png"), full_page=False)
-        if ab:
+        if ab or ab_id:
             page.get_by_role("tab", name="A/B tests").click()
-            page.locator("#ab-name textarea").fill(f"run {run_id}'s library vs none")
-            page.locator("#ab-create").click()
-            expect(page.locator("#ab-msg")).to_contain_text("started", timeout=60_000)
-            ab_id = page.locator("#ab-msg").inner_text().split("A/B test ", 1)[1].split(" ", 1)[0]
-            page.locator("#ab-id input").fill(ab_id)
+            if not ab_id:
+                page.locator("#ab-name textarea").fill(f"run {run_id}'s library vs none")
+                page.locator("#ab-create").click()
+                expect(page.locator("#ab-msg")).to_contain_text("started", timeout=60_000)
+                ab_id = int(page.locator("#ab-msg").inner_text().split("A/B test ", 1)[1].split(" ", 1)[0])
+            page.locator("#ab-id input").fill(str(ab_id))
             deadline = time.time() + 1800
             while "status done" not in page.locator("#ab-summary").inner_text():  # its results per arm and per task are in
                 if time.time() > deadline:
@@ -314,6 +316,7 @@ def main() -> None:
     ap.add_argument("--prefix", default="recurring-", help="with --data-dir: file name prefix of the screenshots")
     ap.add_argument("--ab", action="store_true", help="with --data-dir: also run and photograph an A/B test (the tab's "
                                                        "defaults: the current library against none)")
+    ap.add_argument("--ab-id", type=int, default=0, help="with --data-dir: photograph this existing A/B test instead")
     args = ap.parse_args()
     if args.data_dir:
         from core.store import ExperienceStore
@@ -324,7 +327,7 @@ def main() -> None:
         store.close()
         app, url = serve(data)
         try:
-            shoot_run(url, Path(args.out), run_id, args.prefix, args.ab)
+            shoot_run(url, Path(args.out), run_id, args.prefix, args.ab, args.ab_id)
         finally:
             app.terminate()
             app.wait(timeout=30)
