@@ -141,10 +141,11 @@ def main() -> None:
                 actor.prefix_cache = mode != "plain"
                 actor.dedupe_prompts = mode != "nodedupe"
                 roller.rc = dataclasses.replace(cfg.rollout, reuse_cache=mode != "nosession")
+                stats: dict[str, float] = {}
                 t0 = time.perf_counter()
-                eps_r = roller.collect(base if mode == "none" else specs, step=r)
+                eps_r = roller.collect(base if mode == "none" else specs, step=r, metrics=stats)
                 t[mode].append(time.perf_counter() - t0)
-                prefill[mode].append(roller.stats.get("rollout/prefill_tokens", 0.0))
+                prefill[mode].append(stats.get("rollout/prefill_tokens", 0.0))
                 gen_tokens[mode].append(sum(len(tn.response_ids) for e in eps_r for tn in e.turns))
                 roller.rc = cfg.rollout
                 failed = sum(1 for e in eps_r if e.error)
@@ -153,11 +154,11 @@ def main() -> None:
                     print(f"round {r}, {mode}: {failed} episodes ended with an env error; the round is left out", file=sys.stderr)
                 actor.prefix_cache = actor.dedupe_prompts = True
                 if mode == "manager":
-                    ret_s.append(roller.stats["rollout/retrieval_s"])
+                    ret_s.append(stats["rollout/retrieval_s"])
                 if mode == "fixed":
                     eps = eps_r
-                    eps_s.append(roller.stats["rollout/episodes_per_s"])
-                    tok_s.append(roller.stats["rollout/tokens_per_s"])
+                    eps_s.append(stats["rollout/episodes_per_s"])
+                    tok_s.append(stats["rollout/tokens_per_s"])
             if r < 3 and not args.no_learner:
                 for fast in ((True, False) if r % 2 == 0 else (False, True)):
                     actor.supports_logits_to_keep = actor.prefix_cache = fast

@@ -54,8 +54,9 @@ def run_cell(actor, env: str, style: str, *, seeds: int, turns: int, batch: int,
                         templates=load_templates(templates_file or None))
         for s in range(0, seeds, batch):
             specs = [EpisodeSpec(env, SEED_OFFSET + i, False, -1 - i) for i in range(s, min(seeds, s + batch))]
-            eps = roller.collect(specs, step=0, retrieval=False)
-            prefill += roller.stats.get("rollout/prefill_tokens", 0.0)
+            stats: dict[str, float] = {}
+            eps = roller.collect(specs, step=0, retrieval=False, metrics=stats)
+            prefill += stats.get("rollout/prefill_tokens", 0.0)
             for e in eps:
                 succeeded += e.success
                 reward += e.reward

@@ -94,13 +94,14 @@ def test_a_step_completes_when_an_env_actor_dies_during_it(cluster, tiny):
         pool.step_many = step_many
         roller = Roller(tiny, pool, None, rollout_cfg=RolloutSection(), actor_cfg=ModelSection(max_new_tokens=4), max_turns=4,
                         seed=1)
-        eps = roller.collect([EpisodeSpec(ENV, s, False, 0) for s in range(4)], step=1)
+        metrics: dict[str, float] = {}
+        eps = roller.collect([EpisodeSpec(ENV, s, False, 0) for s in range(4)], step=1, metrics=metrics)
         assert len(eps) == 4 and len(calls) >= 2
         # slots 1 and 3 (unless an episode had already ended at the first turn) failed with the reason
         assert any("env actor" in eps[s].error for s in (1, 3)), [e.error for e in eps]
         assert all("env actor" in eps[s].error or eps[s].traj.num_actions == 1 for s in (1, 3))
         assert not eps[0].error and not eps[2].error
-        assert roller.stats["rollout/env_restarts"] == 1.0
+        assert metrics["rollout/env_restarts"] == 1.0
         # the restarted actor serves the next step
         eps = roller.collect([EpisodeSpec(ENV, s, False, 0) for s in range(4)], step=2)
         assert len(eps) == 4 and all(not e.error for e in eps)

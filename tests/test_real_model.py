@@ -65,8 +65,10 @@ def _roll(actor, env: str, *, style: str, reuse: bool, seeds: int, turns: int):
     try:
         roller = Roller(actor, pool, None, rollout_cfg=rc, actor_cfg=ModelSection(temperature=0.0, max_new_tokens=12),
                         max_turns=turns, seed=0)
-        eps = roller.collect([EpisodeSpec(env, 2_000_000 + i, False, i) for i in range(seeds)], step=0, retrieval=False)
-        return eps, roller.stats
+        stats: dict[str, float] = {}
+        eps = roller.collect([EpisodeSpec(env, 2_000_000 + i, False, i) for i in range(seeds)], step=0, retrieval=False,
+                             metrics=stats)
+        return eps, stats
     finally:
         pool.close()
 

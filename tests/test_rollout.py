@@ -55,12 +55,13 @@ class ScriptedActor:
 
 def test_lockstep_rollout_with_real_model_has_consistent_logprobs(pool, tiny):
     r = Roller(tiny, pool, None, rollout_cfg=RolloutSection(), actor_cfg=ModelSection(max_new_tokens=4), max_turns=3, seed=1)
-    eps = r.collect([EpisodeSpec("minihack/Room-5x5", s, False, 0) for s in range(4)], step=1)
+    stats: dict[str, float] = {}
+    eps = r.collect([EpisodeSpec("minihack/Room-5x5", s, False, 0) for s in range(4)], step=1, metrics=stats)
     assert len(eps) == 4 and all(e.traj.num_actions == 3 or e.success for e in eps)
-    assert r.stats["rollout/tokens_per_s"] > 0
+    assert stats["rollout/tokens_per_s"] > 0
     # an untrained model rarely ends a reply within 4 tokens: the share of cut replies says so
     cut = sum(len(t.response_ids) == 4 for e in eps for t in e.turns) / sum(len(e.turns) for e in eps)
-    assert r.stats["rollout/cut_replies"] == pytest.approx(cut) and cut > 0
+    assert stats["rollout/cut_replies"] == pytest.approx(cut) and cut > 0
     t = eps[0].turns[0]
     with torch.no_grad():
         lp = tiny.logprobs([t.prompt_ids + t.response_ids])[0, len(t.prompt_ids):]
@@ -82,14 +83,15 @@ def test_search_and_ask_turn_is_recorded_and_capped(pool, tiny):
                                  "<search_and_ask>again?</search_and_ask>", "southeast"])
     rc = RolloutSection(search_and_ask=1)
     r = Roller(actor, pool, None, rollout_cfg=rc, actor_cfg=ModelSection(), max_turns=8, tool_fn=tool)
-    ep = r.collect([EpisodeSpec("minihack/Room-5x5", 5, False, 0)], step=0)[0]
+    stats: dict[str, float] = {}
+    ep = r.collect([EpisodeSpec("minihack/Room-5x5", 5, False, 0)], step=0, metrics=stats)[0]
     kinds = [s.kind for s in ep.traj.steps]
     assert kinds[0] == "tool" and ep.traj.steps[0].tool_answer == "the stairs are south-east of you"
     assert calls == ["where are the stairs?"]  # the second call was over the budget of 1
     assert kinds[1] == "invalid"  # ... so the env judged it as an (invalid) action
     assert ep.tool_entry_ids == [42] and ep.turns[0].kind == "tool"
     # the collect's metrics carry the mean latency of its search-and-ask calls (here one, as the step recorded it)
-    assert r.stats["search_and_ask/latency_ms"] == ep.traj.steps[0].info["latency_ms"] > 0
+    assert stats["search_and_ask/latency_ms"] == ep.traj.steps[0].info["latency_ms"] > 0
     # the answer is in the next prompt, as an observation (prompt side: never trained on)
     nxt = tiny.tokenizer.decode(ep.turns[1].prompt_ids)
     assert "the stairs are south-east of you" in nxt
@@ -162,11 +164,12 @@ def test_actor_as_critic_judges_entries_and_hides_rejected_ones(pool, tiny, stor
                                    OpContext(env="minihack/Room-5x5", task=task))[0].new_id
         actor = CriticActor(tiny, verdict)
         r = Roller(actor, pool, mgr, rollout_cfg=RolloutSection(actor_critic=True), actor_cfg=ModelSection(), max_turns=1)
-        ep = r.collect([EpisodeSpec("minihack/Room-5x5", 1, True, 0)], step=0)[0]
+        stats: dict[str, float] = {}
+        ep = r.collect([EpisodeSpec("minihack/Room-5x5", 1, True, 0)], step=0, metrics=stats)[0]
         assert actor.judged == 1 and ep.critic_scores == {eid: score}
         assert (ep.traj.experience_ids == [eid]) is shown
         assert ("go southeast" in tiny.tokenizer.decode(ep.turns[0].prompt_ids)) is shown
-        assert r.stats["critic/judged"] == 1 and r.stats["critic/unparsed"] == (1 if verdict == "no idea" else 0)
+        assert stats["critic/judged"] == 1 and stats["critic/unparsed"] == (1 if verdict == "no idea" else 0)
     finally:
         mgr.close()
 

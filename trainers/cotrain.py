@@ -234,10 +234,9 @@ class Rollouts:
 
     def _collect(self, step: int) -> tuple[list[Episode], dict[str, float]]:
         specs = make_specs(self.cfg, self.mixture, self.rng, step)
-        episodes = collect(self.roller, self.router, specs, step, retrieval=step > self.cfg.run.warmup_steps)
-        # read in the thread that collected, right after: the Roller's measurements of this call, the latencies of
-        # this call's retrievals
-        metrics = {**episode_metrics(episodes), **self.roller.stats}
+        episodes, rollout_metrics = collect(self.roller, self.router, specs, step, retrieval=step > self.cfg.run.warmup_steps)
+        # the latencies of this call's retrievals: read in the thread that collected, right after the call
+        metrics = {**episode_metrics(episodes), **rollout_metrics}
         if self.manager is not None:
             metrics.update(self.manager.latency_percentiles())
         return episodes, metrics

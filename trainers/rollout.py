@@ -1,6 +1,7 @@
 """Multi-turn rollouts: many episodes in lockstep, one batched generate call per turn.
 
-    episodes = Roller(actor, pool, manager, cfg).collect(specs, step=3)
+    metrics = {}
+    episodes = Roller(actor, pool, manager, ...).collect(specs, step=3, metrics=metrics)
 
 Per episode: reset -> (retrieve experience with the task as query, when the spec says so) ->
 turns of [prompt (system + task + experience + recent history + observation) -> reply -> action
@@ -120,9 +121,6 @@ class Roller:
         self.tool_fn = tool_fn
         self.templates = templates
         self.seed = seed
-        # what the last collect measured (rollout/*, critic/*, search_and_ask/latency_ms), replaced by each call; the
-        # training loop's collect phase reads it in the thread that collected, right after the call (trainers/cotrain.py)
-        self.stats: dict[str, float] = {}
 
     @property
     def style(self) -> str:
@@ -151,12 +149,18 @@ class Roller:
         tool = self.rc.search_and_ask > 0 and self.tool_fn is not None and lv.tool_calls < self.rc.search_and_ask
         return turn_choice(lv.ep.spec.env, lv.admissible, tool=tool)
 
-    def collect(self, specs: Sequence[EpisodeSpec], *, step: int, retrieval: bool = True) -> list[Episode]:
+    def collect(self, specs: Sequence[EpisodeSpec], *, step: int, retrieval: bool = True,
+                metrics: dict[str, float] | None = None) -> list[Episode]:
         """Play spec i on pool slot i."""
-        return self.collect_on(list(enumerate(specs)), step=step, retrieval=retrieval)
+        return self.collect_on(list(enumerate(specs)), step=step, retrieval=retrieval, metrics=metrics)
 
-    def collect_on(self, pairs: Sequence[tuple[int, EpisodeSpec]], *, step: int, retrieval: bool = True) -> list[Episode]:
-        """Play each (slot, spec) to its end, all in lockstep; episodes come back in the given order."""
+    def collect_on(self, pairs: Sequence[tuple[int, EpisodeSpec]], *, step: int, retrieval: bool = True,
+                   metrics: dict[str, float] | None = None) -> list[Episode]:
+        """Play each (slot, spec) to its end, all in lockstep; episodes come back in the given order.
+
+        `metrics`, when given, receives what this call measured (rollout/*, critic/*, retrieval/same_task_rate,
+        search_and_ask/latency_ms): the caller's own dict, so concurrent collects (a prefetch thread beside an
+        evaluation) never read each other's numbers."""
         if len({i for i, _ in pairs}) != len(pairs) or any(not 0 <= i < self.pool.num_slots for i, _ in pairs):
             raise ValueError(f"slots must be distinct and within the pool's {self.pool.num_slots}")
         specs = [s for _, s in pairs]
@@ -224,21 +228,23 @@ class Roller:
         if self._sessions():
             self.actor.drop_sessions([id(lv) for lv in lives])
         dt = time.perf_counter() - t0
-        self.stats = {"rollout/seconds": dt, "rollout/episodes_per_s": len(specs) / max(dt, 1e-9),
-                      "rollout/tokens_per_s": tokens / max(dt, 1e-9), "rollout/retrieval_s": t_ret,
-                      "rollout/env_restarts": float(self.pool.restarts()),
-                      # replies that ran out of actor.max_new_tokens before an end token or newline: a share
-                      # near 1 means the budget cuts actions short (ALFWorld's "take X from Y" needs 9+ tokens)
-                      "rollout/cut_replies": cut / max(1, replies), "rollout/turns": float(turn),
-                      "rollout/prompt_tokens": float(prefill), **critic}
+        stats = {"rollout/seconds": dt, "rollout/episodes_per_s": len(specs) / max(dt, 1e-9),
+                 "rollout/tokens_per_s": tokens / max(dt, 1e-9), "rollout/retrieval_s": t_ret,
+                 "rollout/env_restarts": float(self.pool.restarts()),
+                 # replies that ran out of actor.max_new_tokens before an end token or newline: a share
+                 # near 1 means the budget cuts actions short (ALFWorld's "take X from Y" needs 9+ tokens)
+                 "rollout/cut_replies": cut / max(1, replies), "rollout/turns": float(turn),
+                 "rollout/prompt_tokens": float(prefill), **critic}
         if hasattr(self.actor, "prefill_computed"):
             # prompt tokens the model actually ran (the rest came from a kept cache, a shared prefix or a duplicate prompt)
-            self.stats["rollout/prefill_tokens"] = float(self.actor.prefill_computed - computed0)
+            stats["rollout/prefill_tokens"] = float(self.actor.prefill_computed - computed0)
         if same_task is not None:
-            self.stats["retrieval/same_task_rate"] = same_task
+            stats["retrieval/same_task_rate"] = same_task
         tool_ms = [s.info["latency_ms"] for lv in lives for s in lv.ep.traj.steps if s.kind == "tool"]
         if tool_ms:  # one search-and-ask call, retrieval and the extractor's rewrite, as the actor waits for it
-            self.stats["search_and_ask/latency_ms"] = sum(tool_ms) / len(tool_ms)
+            stats["search_and_ask/latency_ms"] = sum(tool_ms) / len(tool_ms)
+        if metrics is not None:
+            metrics.update(stats)
         return [lv.ep for lv in lives]
 
     def _critique(self, lives: Sequence[_Live], hits: Sequence[Sequence[Any]], step: int) -> dict[str, float]:

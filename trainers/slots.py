@@ -3,7 +3,8 @@ factories the pool's worker processes build their envs from. Used by the trainin
 evaluation (trainers/evaluate.py), beside the Roller that plays the slots (trainers/rollout.py).
 
 The pool's slots are fixed per env (`pool_slots`); `SlotRouter` maps a list of specs onto free slots of the right
-env, and `collect` / `play` hand them to `Roller.collect_on` and return the episodes in the specs' order."""
+env, and `collect` / `play` hand them to `Roller.collect_on` and return the episodes in the specs' order (`collect`
+with the call's metrics)."""
 from __future__ import annotations
 
 import copy
@@ -85,16 +86,19 @@ class EnvFactory:
         return make_env(self.name, **self.options)
 
 
-def collect(roller: Roller, router: SlotRouter, specs: list[EpisodeSpec], step: int, *, retrieval: bool) -> list[Episode]:
-    """Run `specs` on their env's slots; Roller plays slot i for spec i, so reorder through the router."""
+def collect(roller: Roller, router: SlotRouter, specs: list[EpisodeSpec], step: int, *,
+            retrieval: bool) -> tuple[list[Episode], dict[str, float]]:
+    """Run `specs` on their env's slots; Roller plays slot i for spec i, so reorder through the router. Returns the
+    episodes in the specs' order and the Roller's measurements of this call (rollout/*, critic/*, ...)."""
     slots = router.assign(specs)
     ordered: list[EpisodeSpec | None] = [None] * roller.pool.num_slots
     for s, i in zip(specs, slots):
         ordered[i] = s
     used = [i for i, s in enumerate(ordered) if s is not None]
-    eps = roller.collect_on([(i, ordered[i]) for i in used], step=step, retrieval=retrieval)
+    metrics: dict[str, float] = {}
+    eps = roller.collect_on([(i, ordered[i]) for i in used], step=step, retrieval=retrieval, metrics=metrics)
     by_slot = dict(zip(used, eps))
-    return [by_slot[i] for i in slots]
+    return [by_slot[i] for i in slots], metrics
 
 
 def play(roller: Roller, router: SlotRouter, specs: list[EpisodeSpec], *, step: int, retrieval: bool = True) -> list[Episode]:
