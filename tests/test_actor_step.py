@@ -9,7 +9,7 @@ import torch
 
 from core.losses import clipped_surrogate_loss
 from core.types import Trajectory
-from trainers.actor_step import _tensors, actor_update, build_rows, episode_advantages, policy_gradient, row_logprobs
+from trainers.actor_step import _tensors, actor_update, build_rows, episode_advantages, policy_gradient, reply_tensors, row_logprobs
 from trainers.config import LossSection, ModelSection
 from trainers.models import pad_right
 from trainers.rollout import Episode, EpisodeSpec, TurnSample
@@ -55,6 +55,17 @@ def test_loss_mask_gives_zero_gradient_to_observation_and_experience_tokens(tiny
     assert (g[:n_prompt] == 0).all(), "prompt tokens (task, experience, observation) must get no gradient"
     assert (g[n_prompt:n_prompt + n_reply] != 0).all(), "every reply token carries loss"
     assert mask[0].sum() == n_reply and mask[0, :n_prompt].sum() == 0
+
+
+def test_reply_tensors_by_hand():
+    """The learners' one batch builder (actor rows and the extractor's CISPO samples): right padding, loss on the
+    reply tokens only, the old log-probs at the reply positions."""
+    ids, attn, mask, old = reply_tensors([([1], [2], [-0.5]), ([5, 6], [7, 8, 9], [-1.0, -2.0, -3.0])], pad_id=0)
+    assert ids.tolist() == [[1, 2, 0, 0, 0], [5, 6, 7, 8, 9]]
+    assert attn.tolist() == [[1, 1, 0, 0, 0], [1, 1, 1, 1, 1]]
+    assert mask.tolist() == [[0, 1, 0, 0, 0], [0, 0, 1, 1, 1]]
+    assert old.tolist() == [[0, -0.5, 0, 0, 0], [0, 0, -1, -2, -3]]
+    assert mask.dtype == old.dtype == torch.float32
 
 
 @pytest.mark.parametrize("shared", [0, 24])

@@ -78,16 +78,25 @@ def weight_by_episode(rows: list[Row]) -> list[Row]:
     return out
 
 
-def _tensors(rows: Sequence[Row], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """ids (N, T), attention (N, T), loss mask (N, T) over reply tokens, old log-probs (N, T)."""
-    ids, attn = pad_right([r.ids for r in rows], pad_id)
+def reply_tensors(rows: Sequence[tuple[Sequence[int], Sequence[int], Sequence[float]]],
+                  pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The learners' one batch builder (the actor's GRPO step here, the extractor's CISPO step in
+    trainers/extractor.py): (prompt ids, reply ids, sampling-time reply log-probs) rows -> ids (N, T)
+    right-padded, attention (N, T), loss mask (N, T) that is 1 on reply tokens only, old log-probs (N, T)
+    at the reply positions (0 elsewhere)."""
+    ids, attn = pad_right([list(p) + list(r) for p, r, _ in rows], pad_id)
     mask = torch.zeros_like(ids, dtype=torch.float32)
     old = torch.zeros_like(ids, dtype=torch.float32)
-    for i, r in enumerate(rows):
-        n = len(r.ids) - r.start
-        mask[i, r.start:r.start + n] = 1.0
-        old[i, r.start:r.start + n] = torch.tensor(r.old[:n], dtype=torch.float32)
+    for i, (p, r, o) in enumerate(rows):
+        a, n = len(p), len(r)
+        mask[i, a:a + n] = 1.0
+        old[i, a:a + n] = torch.tensor(o[:n], dtype=torch.float32)
     return ids, attn, mask, old
+
+
+def _tensors(rows: Sequence[Row], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`reply_tensors` of actor rows: ids (N, T), attention (N, T), loss mask (N, T), old log-probs (N, T)."""
+    return reply_tensors([(r.ids[:r.start], r.ids[r.start:], r.old) for r in rows], pad_id)
 
 
 def shared_prefix(ids: torch.Tensor, mask: torch.Tensor) -> int:

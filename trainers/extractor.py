@@ -37,9 +37,9 @@ from core.merge import MergeReport, merge_walks, similarity_order, split_walks
 from core.store import ExperienceStore
 from core.types import Experience, Generation, Operation, Source
 from trainers import prompts as P
-from trainers.actor_step import warmed_lr
+from trainers.actor_step import reply_tensors, warmed_lr
 from trainers.config import resolve_model_path
-from trainers.models import HFBackend, LoraSettings, inference_backend, load_backend, pad_right
+from trainers.models import HFBackend, LoraSettings, inference_backend, load_backend
 from trainers.parsing import Parsed, parse_extraction, parse_merge, parse_merge_answer, parse_rewrite
 from trainers.rollout import Episode, derive_seed
 
@@ -261,17 +261,10 @@ class ExperienceLoop:
         rewards = torch.tensor([s.reward for s in batch], dtype=torch.float32)  # (N,)
         weights = self.eq7_weights(batch) if self.xc.reweight else None
         adv = extractor_advantages(rewards, weights)  # (N,) = (r − mean_batch r) · w
-        seqs = [s.prompt_ids + s.response_ids for s in batch]
-        ids, attn = pad_right(seqs, self.backend.pad_id)
-        mask = torch.zeros(ids.shape)
-        old = torch.zeros(ids.shape)
-        for i, s in enumerate(batch):
-            a, n = len(s.prompt_ids), len(s.response_ids)
-            mask[i, a:a + n] = 1.0
-            old[i, a:a + n] = torch.tensor(s.old_logprobs[:n])
         model = self.backend.model
         mb = self.xc.model.micro_batch
-        n_tok = float(mask.sum())
+        seqs = [s.prompt_ids + s.response_ids for s in batch]
+        n_tok = float(sum(len(s.response_ids) for s in batch))  # the batch's reply tokens: the loss is their mean
         total = 0.0
         logps = []
         lr = warmed_lr(self.optimizer, self.xc.model.lr, self.xc.model.lr_warmup)
@@ -280,9 +273,12 @@ class ExperienceLoop:
             self.optimizer.zero_grad(set_to_none=True)
             for s in range(0, len(batch), mb):
                 sl = slice(s, s + mb)
-                lp = self.backend.logprobs(seqs[sl], grad=True)  # (n, T') right-padded like ids
-                T = lp.shape[1]
-                m, o = mask[sl, :T], old[sl, :T]
+                _, _, m, o = reply_tensors([(x.prompt_ids, x.response_ids, x.old_logprobs) for x in batch[sl]],
+                                           self.backend.pad_id)  # loss mask and old log-probs (n, T)
+                # (n, T) right-padded like the mask. Not the actor's row_logprobs: its log_softmax (and logits_to_keep,
+                # shared-prefix cache) round differently from this logits - logsumexp, by up to ~5e-7 per token on the
+                # tiny model, which would change every CISPO number of a run.
+                lp = self.backend.logprobs(seqs[sl], grad=True)
                 loss = cispo_loss(lp, o, adv[sl], m, eps_low=self.xc.eps_low, eps_high=self.xc.eps_high) * (float(m.sum()) / max(n_tok, 1))
                 loss.backward()
                 total += float(loss.detach())
