@@ -127,12 +127,28 @@ class _Meta:
 
 @dataclass
 class LatencyWindow:
+    """Retrieval latencies, the last 10,000 to 20,000 kept. `count` numbers every value ever added, so each reader
+    keeps its own cursor and nothing is reset on read."""
+
     values_ms: list[float] = field(default_factory=list)
+    dropped: int = 0  # values let go from the front
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, ms: float) -> None:
-        self.values_ms.append(ms)
-        if len(self.values_ms) > 20_000:
-            del self.values_ms[:10_000]
+        with self.lock:
+            self.values_ms.append(ms)
+            if len(self.values_ms) > 20_000:
+                del self.values_ms[:10_000]
+                self.dropped += 10_000
+
+    def since(self, cursor: int) -> tuple[list[float], int]:
+        """The kept values added after the first `cursor`, and the count to pass next time. A cursor past the count
+        (the window was rebuilt under the reader: a restarted manager actor) reads from the start."""
+        with self.lock:
+            count = self.dropped + len(self.values_ms)
+            if cursor > count:
+                cursor = 0
+            return self.values_ms[max(0, cursor - self.dropped):], count
 
 
 class ExperienceManager:
@@ -436,14 +452,15 @@ class ExperienceManager:
                 return
             time.sleep(0.05)
 
-    def latency_percentiles(self, reset: bool = True) -> dict[str, float]:
-        v = self.latency.values_ms
+    def latency_percentiles(self, since: int = 0) -> tuple[dict[str, float], int]:
+        """p50/p99 of the retrieval latencies recorded after the first `since` ({} when there are none), and the
+        cursor for the next read. Reads only: the training loop's collect phase passes the cursor of its previous
+        read (trainers/cotrain.py), any other reader keeps its own."""
+        v, count = self.latency.since(since)
         if not v:
-            return {}
+            return {}, count
         p50, p99 = np.percentile(v, [50, 99])
-        if reset:
-            self.latency.values_ms = []
-        return {"retrieval/latency_p50_ms": float(p50), "retrieval/latency_p99_ms": float(p99)}
+        return {"retrieval/latency_p50_ms": float(p50), "retrieval/latency_p99_ms": float(p99)}, count
 
     # -- writes ----------------------------------------------------------------------------------
 

@@ -140,6 +140,11 @@ def test_manager_actor_killed_restarts_rebuilds_from_the_store_and_callers_retry
     finally:
         m.close()
 
+        # the retrieval latencies through the proxy: the restarted actor's window, which a cursor from before the
+        # restart (past its count) reads from the start; a read resets nothing
+        lat, n = m.latency_percentiles(since=10**6)
+        assert n >= 2 and lat["retrieval/latency_p99_ms"] >= lat["retrieval/latency_p50_ms"] > 0
+        assert m.latency_percentiles(since=n) == ({}, n) and m.latency_percentiles() == (lat, n)
 
 def test_a_retried_write_is_not_applied_twice(cluster, lib_store):
     """The actor died after committing some of a call's operations: the retry skips what the store already holds."""

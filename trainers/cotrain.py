@@ -215,6 +215,7 @@ class Rollouts:
         self.learner, self.manager = learner, manager
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="rollout") if not cfg.run.deterministic else None
         self._pending: Future | None = None
+        self._latency_cursor = 0  # the manager's retrieval latencies this phase has read up to
 
     def collect(self, step: int, *, prefetch_next: bool) -> tuple[list[Episode], dict[str, float]]:
         """Step `step`'s episodes, prefetched or collected now; in asynchronous mode start step + 1's when
@@ -235,10 +236,12 @@ class Rollouts:
     def _collect(self, step: int) -> tuple[list[Episode], dict[str, float]]:
         specs = make_specs(self.cfg, self.mixture, self.rng, step)
         episodes, rollout_metrics = collect(self.roller, self.router, specs, step, retrieval=step > self.cfg.run.warmup_steps)
-        # the latencies of this call's retrievals: read in the thread that collected, right after the call
         metrics = {**episode_metrics(episodes), **rollout_metrics}
         if self.manager is not None:
-            metrics.update(self.manager.latency_percentiles())
+            # the retrievals since this phase's previous read (this collect's, and any evaluation's or
+            # search-and-ask call's in between), read right after the call
+            latency, self._latency_cursor = self.manager.latency_percentiles(since=self._latency_cursor)
+            metrics.update(latency)
         return episodes, metrics
 
     def sync_policy(self) -> None:

@@ -463,8 +463,9 @@ class RemoteManager:
     def sync(self, full: bool = False) -> int:
         return self._plain("sync", full)
 
-    def latency_percentiles(self, reset: bool = True) -> dict[str, float]:
-        return self._plain("latency_percentiles", reset)
+    def latency_percentiles(self, since: int = 0) -> tuple[dict[str, float], int]:
+        lat, count = self._plain("latency_percentiles", since)
+        return lat, count
 
     def training_stats(self, entry_ids: Sequence[int]) -> dict[int, tuple[int, int | None]]:
         return self._plain("training_stats", list(entry_ids))
