@@ -209,10 +209,10 @@ def test_latency_and_training_stats(manager):
     manager.search_sync(["apple"] * 3)
     lat, n = manager.latency_percentiles()
     assert lat["retrieval/latency_p50_ms"] > 0 and lat["retrieval/latency_p99_ms"] >= lat["retrieval/latency_p50_ms"]
-    manager.record_trained([a, a], step=7)
     assert n == 3 and manager.latency_percentiles() == (lat, 3)  # a read resets nothing
     assert manager.latency_percentiles(since=n) == ({}, 3)  # nothing new since the cursor
     manager.search_sync(["apple"])
     new, n = manager.latency_percentiles(since=n)
     assert n == 4 and new["retrieval/latency_p50_ms"] == new["retrieval/latency_p99_ms"] == manager.latency.values_ms[-1]
+    manager.record_trained([a, a], step=7)
     assert manager.training_stats([a]) == {a: (2, 7)}

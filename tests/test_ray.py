@@ -137,14 +137,14 @@ def test_manager_actor_killed_restarts_rebuilds_from_the_store_and_callers_retry
         assert after["pid"] != before["pid"] and after["incarnation"] != before["incarnation"]
         assert after["size"] == 2 and m.retried_calls >= 1  # rebuilt from the store: nothing written was lost
         assert m.entry_texts([r.new_id]) == {r.new_id: APPLE}
-    finally:
-        m.close()
-
         # the retrieval latencies through the proxy: the restarted actor's window, which a cursor from before the
         # restart (past its count) reads from the start; a read resets nothing
         lat, n = m.latency_percentiles(since=10**6)
         assert n >= 2 and lat["retrieval/latency_p99_ms"] >= lat["retrieval/latency_p50_ms"] > 0
         assert m.latency_percentiles(since=n) == ({}, n) and m.latency_percentiles() == (lat, n)
+    finally:
+        m.close()
+
 
 def test_a_retried_write_is_not_applied_twice(cluster, lib_store):
     """The actor died after committing some of a call's operations: the retry skips what the store already holds."""
