@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 TORCH   := torch==2.13.0
 DATA    ?= ./comprl_data
 
-.PHONY: setup run test bench chromium clean
+.PHONY: setup run test test-fast bench chromium clean
 
 setup: $(STAMP)
 
@@ -33,6 +33,10 @@ chromium:
 
 test: setup chromium
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests
+
+# The fast tier: everything but the tests marked `slow` (end-to-end runs, model builds; pyproject.toml says the bar).
+test-fast: setup chromium
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow" tests
 
 bench: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/run_all.py

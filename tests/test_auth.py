@@ -56,6 +56,7 @@ PROBES = ["/", "/?view=api", "/gradio_api/runs", "/config", "/gradio_api/info", 
           "/openapi.json", "/docs", "/gradio_api/startup-events", "/gradio_api/api/open_entry"]
 
 
+@pytest.mark.slow
 def test_nothing_about_the_app_before_login_and_all_of_it_after(server):
     leaks = []
     for path in PROBES:
@@ -78,6 +79,7 @@ def test_nothing_about_the_app_before_login_and_all_of_it_after(server):
     assert found
 
 
+@pytest.mark.slow
 def test_failed_logins_are_rate_limited(server):
     codes = [requests.post(server + "/login", data={"username": "ann", "password": f"guess{i}"}, timeout=10).status_code
              for i in range(30)]

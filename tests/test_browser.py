@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.browser
+# slow as a whole: the module's app server and Chromium take ~15 s to start, and its tests, most of them driving
+# the UI for seconds or a trainer for minutes, several minutes together (`make test-fast` leaves them out).
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"

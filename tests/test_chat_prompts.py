@@ -153,6 +153,7 @@ def _episode_turns(backend, sessions: bool, *, temperature: float, n: int = 3, t
     return outs_all, backend.prefill_computed - before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_sessions_give_the_same_replies_and_prefill_less(tiny, temperature):
     plain, plain_tokens = _episode_turns(tiny, False, temperature=temperature)

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -21,6 +23,7 @@ def test_help_lists_subcommands():
     assert out.returncode == 0 and "library" in out.stdout
 
 
+@pytest.mark.slow
 def test_library_import_stats_search_export_edit(tmp_path):
     data = tmp_path / "data"
     src = tmp_path / "lib.jsonl"
@@ -60,6 +63,7 @@ def test_bad_import_is_one_line_error(tmp_path):
     assert "line 2" in r.stderr and "nothing imported" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_models_init_set_errors_are_one_line_and_build_nothing(tmp_path):
     """`comprl models init --set …` with a bad field or value, or `--set` on `list`: exit 2 with an
     actionable message, no traceback, no models folder."""
@@ -73,6 +77,7 @@ def test_models_init_set_errors_are_one_line_and_build_nothing(tmp_path):
     assert not (tmp_path / "models").exists()
 
 
+@pytest.mark.slow
 def test_train_refuses_bad_configs_in_one_line_before_any_run_row(tmp_path):
     """Exit 2, one line naming the fix, and no run row (an unknown env used to start a run that "finished"
     with every episode failed)."""
@@ -94,6 +99,7 @@ def test_train_refuses_bad_configs_in_one_line_before_any_run_row(tmp_path):
     assert not db.exists() or ExperienceStore(f"sqlite:///{db}").list_runs() == []
 
 
+@pytest.mark.slow
 def test_library_commands_refuse_huge_ids_and_oversized_edits_in_one_line(tmp_path):
     data = tmp_path / "d"
     src = tmp_path / "lib.jsonl"
@@ -109,6 +115,7 @@ def test_library_commands_refuse_huge_ids_and_oversized_edits_in_one_line(tmp_pa
     assert r.returncode == 0 and r.stdout.startswith("#1 v1 active")  # unchanged by the refused commands
 
 
+@pytest.mark.slow
 def test_small_things_a_new_user_meets(tmp_path):
     """`library stats` ranks no "most retrieved" list of zeros; `eval --checkpoint` of a missing folder says so (not
     "run models init"); a broken JSON line's error has one "at"."""
@@ -126,6 +133,7 @@ def test_small_things_a_new_user_meets(tmp_path):
     assert "Unterminated string starting at column" in r.stderr and "at at" not in r.stderr
 
 
+@pytest.mark.slow
 def test_an_ab_test_with_sampled_episodes_per_task_runs_and_pairs_them(tmp_path):
     """`comprl eval --ab-test ID` end to end on a real (untrained, tiny) policy and a real MiniHack pool: 2 task ids x
     3 sampled episodes per arm, stored and paired episode by episode; a task's repeats are not replays."""

@@ -144,6 +144,7 @@ def test_constrained_generate_writes_only_admissible_actions(tiny, temperature):
         assert len({o.text for o in many}) > 1
 
 
+@pytest.mark.slow
 def test_constrained_generate_with_episode_sessions_matches_without(tiny):
     convs = [[{"role": "user", "content": f"observation {i} go to fridge"}] for i in range(3)]
     runs = []
@@ -193,6 +194,7 @@ def test_which_turns_the_roller_constrains(tiny):
     assert r.choice(_live("minihack/Room-5x5", [])) is None  # no list: a free reply
 
 
+@pytest.mark.slow
 def test_a_constrained_rollout_on_minihack_sends_only_valid_actions(tiny):
     from envs.pool import EnvPool
     from trainers.rollout import EpisodeSpec, Roller
@@ -239,6 +241,7 @@ def test_vllm_structured_outputs_arguments():
         assert spec is not None and (spec.choice == list(choice.actions) if not choice.open_prefixes else spec.regex == choice.regex())
 
 
+@pytest.mark.slow
 def test_the_demo_player_can_decode_constrained_too(tiny, tmp_path):
     from trainers.rollout import EpisodePlayer
 

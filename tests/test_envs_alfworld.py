@@ -91,6 +91,7 @@ def test_game_matches_generated_instance(envs):
         assert all(view.kind[o] == t for o, t, _ in placed)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["oracle", "prior"])
 def test_expert_solves_95_percent(envs, mode):
     results = collections.Counter()
@@ -317,6 +318,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_speedups_change_nothing(envs):
     """The memoised engine plays exactly like stock TextWorld (run in a fresh process, unpatched)."""
     import subprocess
@@ -395,6 +397,7 @@ print(json.dumps({"loaded": aw._LIB_POOL.loaded, "free": aw._LIB_POOL.free, "pea
 """
 
 
+@pytest.mark.slow
 def test_many_envs_made_played_and_closed_in_one_process(cache_dir):
     """Regression: several envs alive at once, closed, then new ones made used to kill the process
     with a segfault inside fast_downward.load_lib (dlclosed library copies left dangling entries in

@@ -261,6 +261,7 @@ def test_setsid_grandchild_dies_with_its_script_and_does_not_hold_the_step(tmp_p
         e.close()
 
 
+@pytest.mark.slow
 @NAMESPACES
 def test_timeout_kills_a_setsid_tree_within_the_limit():
     e = make_swe_local(command_timeout=2.0)
@@ -418,6 +419,7 @@ def test_scratch_folders_are_private_to_the_run():
         e.close()
 
 
+@pytest.mark.slow
 @TREE_CAPS
 def test_memory_is_capped_for_the_tree_not_per_process():
     e = make_swe_local(command_timeout=20, memory_mb=1024)
@@ -494,6 +496,7 @@ def swe_local_fast():
     return make_swe_local(command_timeout=5)
 
 
+@pytest.mark.slow
 def test_one_worker_pool_a_hung_swe_episode_fails_alone():
     """run.threads: 1 gives the pool one worker for every SWE episode. An episode that hangs its worker (here a
     catastrophic regex in `grep`, which runs in the worker, not the sandbox) fails alone: the others are replayed."""
@@ -516,6 +519,7 @@ def test_one_worker_pool_a_hung_swe_episode_fails_alone():
         assert all(r.terminated and r.error is None for r in done)
 
 
+@pytest.mark.slow
 def test_swe_bench_harness_timeout_kills_its_whole_tree(tmp_path, monkeypatch):
     """The harness runs in its own session under harness_timeout and its step budget reaches the pool; on timeout
     its whole tree goes (here a stand-in command with a setsid grandchild, since Docker is not available)."""

@@ -27,7 +27,8 @@ def test_expert_solves_room_5x5():
     assert success_rate("Room-5x5", range(50)) >= 0.95
 
 
-@pytest.mark.parametrize("task, floor", [("Room-Ultimate-5x5", 0.85), ("MazeWalk-9x9", 0.9), ("KeyRoom-S5", 0.9)])
+@pytest.mark.parametrize("task, floor", [("Room-Ultimate-5x5", 0.85), pytest.param("MazeWalk-9x9", 0.9, marks=pytest.mark.slow),
+                                         ("KeyRoom-S5", 0.9)])
 def test_expert_on_harder_tasks(task, floor):
     # Regression floors well under the measured rates (0.97, 1.0, 1.0 over 200 seeds).
     assert success_rate(task, range(100, 140)) >= floor

@@ -46,6 +46,7 @@ def _entry_with_generation(loop, text, task):
     return r.new_id, g
 
 
+@pytest.mark.slow
 def test_eq7_weights_are_looked_up_by_entry_id_and_change_the_update(loop, store):
     a, _ = _entry_with_generation(loop, MEM, "task a")
     b, _ = _entry_with_generation(loop, format_entry_text("Keys", "d", "Take the key first."), "task b")
@@ -169,6 +170,7 @@ def test_merge_decides_the_walks_of_every_task_in_one_batched_call(loop, store):
     assert {e.task for e in merged} == {"task A", "task B"} and rep["time/merge_s"] > 0
 
 
+@pytest.mark.slow
 def test_eq7_weights_differ_from_one_on_a_real_buffer(loop, store):
     """Real episodes -> distillation -> retrieval -> credit -> buffer -> CISPO update, twice: after the
     first update the buffer's Eq. 7 weights are looked up by entry id and are no longer all 1

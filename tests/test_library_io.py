@@ -137,6 +137,7 @@ TEXTS = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(texts=st.lists(st.tuples(TEXTS, st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
                                                max_size=20)), min_size=1, max_size=4))
+@pytest.mark.slow
 def test_export_import_round_trips_any_text(tmp_path_factory, texts):
     """Property: export -> import into an empty library -> export gives the same entries and the same bytes."""
     d = tmp_path_factory.mktemp("rt")

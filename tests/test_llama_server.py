@@ -60,6 +60,10 @@ class LlamaServer:
                 self.proc.wait(10)
 
 
+# slow as a whole: the module's llama.cpp server takes ~45 s to start and each test talks to it for 8-60 s.
+pytestmark = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def gguf_file() -> Path:
     from trainers.gguf_import import ImportError_, packaged_gguf

@@ -169,6 +169,7 @@ EDITOR = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_change_by_another_process_is_seen_within_two_seconds(store, embedder, db_url, tmp_path):
     m = ExperienceManager(store, embedder, ManagerConfig(random_demote=False, diversify=False), IndexConfig(use_gpu="never"))
     try:

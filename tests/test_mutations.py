@@ -93,6 +93,7 @@ def _import_mutations(rng: random.Random, line: dict) -> list[tuple[str, str, st
     return out
 
 
+@pytest.mark.slow
 def test_library_import_mutations(new_db_url, tmp_path):
     from core.store import ExperienceStore
 

@@ -187,6 +187,7 @@ def _check(p: Parsed, allowed_ids: set[int], kinds: set[str]) -> None:
         assert all(o.text.strip() for o in p.ops if o.kind != "discard")
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(answers, st.lists(st.integers(0, 10**6), max_size=4, unique=True), st.integers(1, 4))
 def test_fuzz_extraction_never_raises_and_always_has_a_reason(text, previous, budget):
@@ -198,6 +199,7 @@ def test_fuzz_extraction_never_raises_and_always_has_a_reason(text, previous, bu
     assert (w is None) == bool(p.error)
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(answers, st.integers(0, 5))
 def test_fuzz_merge_never_raises_and_always_has_a_reason(text, n):

@@ -48,6 +48,7 @@ def hanging_env():
     return _BrokenEnv("hang")
 
 
+@pytest.mark.slow
 def test_pool_survives_crashing_dying_and_hanging_envs():
     specs = ["minihack/Room-5x5", raising_env, dying_env, hanging_env, "minihack/Room-5x5"]
     with EnvPool(specs, num_workers=len(specs), step_timeout_s=2.0) as pool:
@@ -143,6 +144,7 @@ def test_a_neighbour_that_does_not_replay_the_same_is_reported_lost():
         assert "worker restarted because slot 1" in out[2].error and "came out different" in out[2].error
 
 
+@pytest.mark.slow
 def test_an_env_may_ask_for_a_longer_step():
     with EnvPool([patient_env, counting_env], num_workers=2, step_timeout_s=1.0) as pool:
         pool.reset_many([(0, 0, None), (1, 1, None)])

@@ -43,6 +43,7 @@ def kill(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_env_actor_killed_mid_episode_fails_its_episodes_and_is_restarted(cluster):
     with RayEnvPool([ENV] * 4, num_actors=2, step_timeout_s=60) as pool:
         starts = pool.reset_many([(s, s, None) for s in range(4)])
@@ -76,6 +77,7 @@ def tiny(tmp_path_factory):
     return HFBackend(d, device="cpu")
 
 
+@pytest.mark.slow
 def test_a_step_completes_when_an_env_actor_dies_during_it(cluster, tiny):
     """The Roller's collect over Ray env actors, one killed between two turns: its episodes end as failures with the
     reason, the others play on, and collect returns every episode."""
@@ -119,6 +121,7 @@ def library() -> LibraryConfig:
     return LibraryConfig(manager=ManagerConfig(random_demote=False, sync_interval_s=0.2), index=IndexConfig(use_gpu="never"))
 
 
+@pytest.mark.slow
 def test_manager_actor_killed_restarts_rebuilds_from_the_store_and_callers_retry(cluster, lib_store):
     url, store = lib_store
     m = RemoteManager.start(url, library(), seed=0, cpus=0.5, call_timeout_s=120, restart_timeout_s=120)
@@ -146,6 +149,7 @@ def test_manager_actor_killed_restarts_rebuilds_from_the_store_and_callers_retry
         m.close()
 
 
+@pytest.mark.slow
 def test_a_retried_write_is_not_applied_twice(cluster, lib_store):
     """The actor died after committing some of a call's operations: the retry skips what the store already holds."""
     url, store = lib_store
@@ -167,6 +171,7 @@ def test_a_retried_write_is_not_applied_twice(cluster, lib_store):
         m.close()
 
 
+@pytest.mark.slow
 def test_in_memory_sqlite_is_refused_with_the_fix(cluster):
     from core.config import ConfigError
 
@@ -195,6 +200,7 @@ def test_an_address_where_nothing_answers_is_refused_at_once():
         check_reachable("head-node")
 
 
+@pytest.mark.slow
 def test_a_restarted_rollout_engine_gets_the_learners_weights_back(cluster, tiny):
     """Weights reach the engine actor through the object store; an engine Ray restarted (the folder's weights) is
     given the last synced ones before the call is retried."""

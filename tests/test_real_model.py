@@ -48,6 +48,7 @@ def test_import_refuses_a_folder_it_did_not_write_and_a_missing_file(tmp_path):
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
 
 
+@pytest.mark.slow
 def test_cli_import_gguf_finds_the_existing_import(smollm2_dir):
     p = subprocess.run([sys.executable, "-m", "app.cli", "models", "import-gguf", "--out", str(smollm2_dir)], cwd=ROOT,
                        capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})

@@ -625,6 +625,7 @@ def test_overview(wb):
     assert "1 runs (1 running)" in md and str(wb.data_dir) in md
 
 
+@pytest.mark.slow
 def test_comprl_app_refuses_a_public_address_without_credentials(tmp_path):
     import os
     import subprocess

@@ -162,6 +162,7 @@ WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_two_processes_writing_at_once_lose_nothing(db_url, tmp_path):
     s = ExperienceStore(db_url)
     targets = [s.add_entry(f"human target {i}") for i in range(3)]
@@ -321,6 +322,7 @@ def test_columns_added_since_a_database_was_made_are_added_on_open(db_url):
     s.close()
 
 
+@pytest.mark.slow
 def test_counter_writers_in_threads_never_deadlock(store):
     """The manager's retrieval recorder and the extractor's outcome and training writers run in threads of one run,
     over the same entries in any order: each takes its rows in id order, so Postgres never reports a deadlock (it

@@ -82,6 +82,7 @@ def test_quick_study_on_a_fresh_data_dir(tmp_path: Path):
     assert bad.returncode == 2 and "with 6 turns" in bad.stderr  # the default config's turn limit differs from the run's
 
 
+@pytest.mark.slow
 def test_full_plan_lists_the_whole_design_and_fits_a_budget(tmp_path: Path):
     """--full --plan: every run of the issue's design with its estimate; --budget-hours picks the steps that fit."""
     def plan(*extra: str) -> str:
@@ -129,6 +130,7 @@ def _curve(start: float, end: float) -> list[list[float]]:
     return [[s, start + (end - start) * s / 3] for s in range(1, 4)]
 
 
+@pytest.mark.slow
 def test_report_writes_markdown_and_figures(tmp_path: Path):
     res, out = tmp_path / "results", tmp_path / "docs"
     res.mkdir()
@@ -282,6 +284,7 @@ def test_entry_probe_plays_every_condition_on_the_same_seeds(tmp_path: Path):
     assert bad.returncode == 2 and "only minihack/* and alfworld/*" in bad.stderr
 
 
+@pytest.mark.slow
 def test_copy_probe_turns_need_the_task_object_and_the_arms_run(tmp_path: Path):
     """experiments/copy_probe.py: the target's object is the task's, at every slot of the listing, so only
     copying it is right; a tiny run writes each arm's curve (short prompts first in the curriculum arm)."""

@@ -38,6 +38,7 @@ def built(tmp_path_factory):
     return data, cfg, paths, time.time() - t0
 
 
+@pytest.mark.slow
 def test_ensure_models_builds_loadable_folders(built):
     data, cfg, paths, _ = built
     assert set(paths) == {"policy", "extractor"}
@@ -58,6 +59,7 @@ def test_ensure_models_builds_loadable_folders(built):
     assert not list((Path(data) / "models").glob(".building-*"))
 
 
+@pytest.mark.slow
 def test_extractor_failure_beside_the_policy_is_reported_and_leaves_nothing(tmp_path):
     """The extractor's build process fails (an extractor shape the model cannot run: 3 key/value heads for 2 query
     heads; the policy's is fine): the build raises with the child's reason and leaves no half-built folder."""
@@ -67,6 +69,7 @@ def test_extractor_failure_beside_the_policy_is_reported_and_leaves_nothing(tmp_
     assert not (tmp_path / "models" / "policy").exists() and not list((tmp_path / "models").glob(".building-*"))
 
 
+@pytest.mark.slow
 def test_ensure_models_is_idempotent(built):
     data, cfg, paths, _ = built
     before = {n: (p / "model.safetensors").stat().st_mtime_ns for n, p in paths.items()}
@@ -77,6 +80,7 @@ def test_ensure_models_is_idempotent(built):
     assert {n: (p / "model.safetensors").stat().st_mtime_ns for n, p in paths.items()} == before
 
 
+@pytest.mark.slow
 def test_default_request_does_not_replace_a_custom_build(built, capsys):
     """`embedded:` paths ask for the default build; over a custom one (here the tiny config) they get
     a one-line error naming the way out, and the custom models stay as they were."""
@@ -94,6 +98,7 @@ def test_default_request_does_not_replace_a_custom_build(built, capsys):
     assert {n: (p / "model.safetensors").stat().st_mtime_ns for n, p in paths.items()} == before
 
 
+@pytest.mark.slow
 def test_config_change_rebuilds_and_interruption_keeps_the_old_models(built, monkeypatch):
     data, cfg, paths, _ = built
     old_hash = cfg.digest()
@@ -115,6 +120,7 @@ def test_config_change_rebuilds_and_interruption_keeps_the_old_models(built, mon
         assert json.loads((p / W.MARKER).read_text())["hash"] == new.digest() != old_hash
 
 
+@pytest.mark.slow
 def test_interrupted_first_build_leaves_no_folder(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("killed")
@@ -306,6 +312,7 @@ def test_config_errors_name_the_field():
     assert W.WarmStartConfig().digest() != W.WarmStartConfig(seed=5).digest()
 
 
+@pytest.mark.slow
 def test_models_command_list(built, capsys):
     data, _, _, _ = built
     assert W.models_command("list", str(data)) == 0
