@@ -53,6 +53,7 @@ def comprl(*args: str, data: Path, db: str, **kw) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("deterministic", [False, True], ids=["overlapped", "deterministic"])
 def test_two_step_run_end_to_end(tmp_path, db_url, models, deterministic):
     cfg = write_config(tmp_path / "c.yaml", models, deterministic=deterministic)
@@ -85,6 +86,7 @@ def test_two_step_run_end_to_end(tmp_path, db_url, models, deterministic):
     assert store.get_run(run["id"])["step"] == 2  # the parent is untouched
 
 
+@pytest.mark.slow
 def test_the_last_step_is_evaluated_once(tmp_path, db_url, models):
     """eval_every dividing max_steps: the periodic evaluation at the last step is the final one (not played twice)."""
     cfg = write_config(tmp_path / "c.yaml", models, variant="grpo")
@@ -96,6 +98,7 @@ def test_the_last_step_is_evaluated_once(tmp_path, db_url, models):
     assert [s for _, _, s, _, _ in rows] == [0, 1, 2]
 
 
+@pytest.mark.slow
 def test_bad_config_stops_before_any_work(tmp_path, db_url, models):
     bad = write_config(tmp_path / "bad.yaml", models, extra="loss: {ratio_level: per-word}")
     p = comprl("train", str(bad), data=tmp_path / "data", db=db_url)
@@ -105,6 +108,7 @@ def test_bad_config_stops_before_any_work(tmp_path, db_url, models):
     assert not ExperienceStore(db_url).list_runs()
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_loses_nothing(tmp_path, db_url, models):
     data = tmp_path / "data"
     cfg = write_config(tmp_path / "c.yaml", models, variant="grpo", steps=5)
@@ -136,6 +140,7 @@ def test_sigkill_then_resume_loses_nothing(tmp_path, db_url, models):
     assert store.count(status=None) >= entries_before  # no experience entry lost
 
 
+@pytest.mark.slow
 def test_pause_resume_stop_commands(tmp_path, db_url, models):
     data = tmp_path / "data"
     cfg = write_config(tmp_path / "c.yaml", models, variant="grpo", steps=50)
@@ -165,6 +170,7 @@ def test_pause_resume_stop_commands(tmp_path, db_url, models):
     assert (Path(run["checkpoint_dir"]) / "latest").exists()  # a graceful stop writes a checkpoint
 
 
+@pytest.mark.slow
 def test_eval_command_logs_checkpoints_at_their_step_and_never_a_foreign_model(tmp_path, db_url, models):
     """`comprl eval RUN_ID` logs greedy and sampled eval/* metrics at the checkpoint's step; evaluating
     another model folder (the starting policy) prints its table and leaves the run's curves alone."""
@@ -195,6 +201,7 @@ def test_eval_command_logs_checkpoints_at_their_step_and_never_a_foreign_model(t
     assert "not logged: --no-log" in out and len(store.metrics_since(rid, keys)) == len(after)
 
 
+@pytest.mark.slow
 def test_a_missing_model_folder_is_refused_before_any_running_row(tmp_path, db_url, models):
     cfg = write_config(tmp_path / "c.yaml", models, variant="grpo")
     cfg.write_text(cfg.read_text().replace(str(models / "policy"), str(tmp_path / "no-such-model")))
@@ -314,6 +321,7 @@ def test_random_sigkills_every_resume_finishes_nothing_lost_nothing_doubled(tmp_
     assert {s for k, s in points if k == "policy/success_without_exp"} == set(range(1, steps + 1))
 
 
+@pytest.mark.slow
 def test_sigterm_stops_after_the_step_and_a_second_one_at_once(tmp_path, db_url, models):
     """SIGTERM is honoured in every phase: the first ends the run after the step in flight, with a checkpoint; a second
     (a step can take minutes on a CPU) ends it at once. Either way the row says stopped, never running."""
@@ -357,3 +365,116 @@ def test_sigterm_stops_after_the_step_and_a_second_one_at_once(tmp_path, db_url,
     assert "send the signal again" in out
     run = store.list_runs()[0]
     assert run["status"] == "stopped" and "second signal" in run["error"] and run["pid"] is None
+
+
+# -- reproducibility and the variants' semantics ---------------------------------------------------------------------
+
+# Wall-clock measurements, never equal between two runs; every other metric of a deterministic run is a function of
+# its seed (tests/test_ray_cluster.py excludes the same kind of keys by pattern).
+TIMING = frozenset({"time/step_s", "time/merge_s", "rollout/seconds", "rollout/retrieval_s", "rollout/episodes_per_s",
+                    "rollout/tokens_per_s", "retrieval/latency_p50_ms", "retrieval/latency_p99_ms",
+                    "search_and_ask/latency_ms", "critic/latency_ms"})
+# A 2-step run in which both learners have something to learn from: a library whose entries the extractor wrote
+# (below); actions constrained to the admissible ones and 60 turns, so that the random policy reaches the stairs in
+# about a third of its 8 episodes a step (with 8 turns it never did: every entry's reward was -1, CISPO's advantages
+# all zero and the extractor's weights unchanged); CISPO after 4 samples; no evaluation.
+LEARNING = ("rollout.constrain_actions=true", "env.max_turns=60", "rollout.tasks_per_step=2", "extractor.buffer_size=4",
+            "run.eval_episodes=0")
+
+
+def seed_extracted_library(db_url: str, models: Path, n: int = 8) -> None:
+    """n entries as the extractor writes them: each keeps a real generation of the extractor model (prompt and
+    response ids, log-probs), so that when one is retrieved its episodes' outcomes become a CISPO sample. The tiny
+    random extractor writes nothing that parses, so without these the extractor's update never runs."""
+    import json
+
+    from core.library_io import import_library
+    from core.types import format_entry_text
+    from trainers import prompts as P
+    from trainers.models import HFBackend
+
+    backend = HFBackend(models / "extractor", device="cpu", num_threads=1)
+    tasks = [f"Reach the stairs in room {i}." for i in range(n)]
+    prompts = [list(backend.apply_chat_template([{"role": "system", "content": P.EXTRACTOR_SYSTEM},
+                                                 {"role": "user", "content": t}], add_generation_prompt=True, tokenize=True))
+               for t in tasks]
+    outs = backend.generate(prompts, max_new_tokens=8, temperature=1.0, seed=0)
+    lines = [{"text": format_entry_text(f"Tip {i}", "MiniHack rooms", f"Move {d} first, then look for the > sign."),
+              "env": "minihack/Room-5x5", "task": t, "source": "extracted",
+              "generation": {"prompt": t, "response": o.text, "prompt_ids": p, "response_ids": list(o.token_ids),
+                             "response_logprobs": list(o.logprobs)}}
+             for i, (d, t, p, o) in enumerate(zip(["north", "east", "south", "west"] * n, tasks, prompts, outs))]
+    store = ExperienceStore(db_url)
+    report = import_library(store, lines=[json.dumps(x) for x in lines])
+    assert report.imported == n, report
+    store.close()
+
+
+def learning_run(tmp_path: Path, models: Path, variant: str) -> tuple[dict, Path]:
+    """A deterministic 2-step run of `variant` on its own SQLite file: (its run row, its last checkpoint)."""
+    db = f"sqlite:///{tmp_path / 'workbench.db'}"
+    seed_extracted_library(db, models)
+    cfg = write_config(tmp_path / "c.yaml", models, variant=variant, deterministic=True)
+    p = comprl("train", str(cfg), *(a for s in LEARNING for a in ("--set", s)), data=tmp_path / "data", db=db)
+    out, _ = p.communicate(timeout=600)
+    assert p.returncode == 0, out[-4000:]
+    store = ExperienceStore(db)
+    run = store.list_runs()[0]
+    store.close()
+    assert run["status"] == "finished" and run["step"] == 2
+    ck = Path(run["checkpoint_dir"])
+    return run, ck / (ck / "latest").read_text().strip()
+
+
+def weights(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model.safetensors"))
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    import torch
+
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys()
+    return all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.slow
+def test_two_deterministic_runs_log_the_same_metrics_and_weights(tmp_path, models):
+    """The same seed, twice: every metric of every step (all but TIMING), the library and both models' weights."""
+    logged = {}
+    for name in ("a", "b"):
+        run, latest = learning_run(tmp_path / name, models, "complementary")
+        store = ExperienceStore(f"sqlite:///{tmp_path / name / 'workbench.db'}")
+        rows = store.metrics_since(run["id"])
+        entries = [(e.id, e.text, e.status.value, e.retrieved_count, e.successes, e.failures)
+                   for e in store.list_entries(status=None, limit=1000).entries]
+        store.close()
+        keys = {k for _, k, _, _, _ in rows}
+        metrics = {(k, s): v for _, k, s, v, _ in rows if k not in TIMING}
+        logged[name] = (keys, metrics, entries, latest)
+    (keys_a, a, lib_a, ck_a), (keys_b, b, lib_b, ck_b) = logged["a"], logged["b"]
+    # the comparison covers both learners: the actor stepped and CISPO ran on the extractor
+    assert {("policy/loss", 2), ("extractor/updates", 2)} <= a.keys() and a[("extractor/updates", 2)] >= 1, sorted(a)
+    assert keys_a == keys_b  # the timing keys too: only their values may differ
+    assert a == b
+    assert lib_a == lib_b
+    assert same_weights(ck_a / "policy", ck_b / "policy") and same_weights(ck_a / "extractor", ck_b / "extractor")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant, frozen, learner", [("static", "extractor", "policy"), ("exp_only", "policy", "extractor")])
+def test_a_variant_leaves_its_frozen_model_unchanged(tmp_path, models, variant, frozen, learner):
+    """METHOD.md's baselines: static learns the actor with a frozen extractor, exp_only the extractor with a frozen
+    actor. The same config for both, in which each model does learn when its variant trains it."""
+    run, latest = learning_run(tmp_path, models, variant)
+    assert same_weights(models / frozen, latest / frozen)
+    assert not same_weights(models / learner, latest / learner)
+    store = ExperienceStore(f"sqlite:///{tmp_path / 'workbench.db'}")
+    m = store.latest_metrics(run["id"])
+    store.close()
+    if variant == "static":
+        assert m["extractor/updates"] == 0.0 and "policy/loss" in m
+    else:
+        assert m["extractor/updates"] >= 1 and "policy/loss" not in m
