@@ -164,3 +164,28 @@ def test_the_ab_tab_defaults_match_the_default_run():
 
     cfg = load_run_config(shipped_configs()["minihack_room_cpu"])
     assert list(cfg.env.names) == [AB_ENV] and cfg.env.max_turns == AB_MAX_TURNS and cfg.env.task_set == 16
+
+
+def test_a_run_that_differs_from_the_embedded_build_is_told_where():
+    """The settings that shape an embedded model's prompts live in the run config and in WarmStartConfig: the
+    default config matches the default build field for field, and a run that differs gets one line per field."""
+    import dataclasses
+
+    from trainers.config import embedded_build_mismatches
+    from trainers.warmstart import WarmStartConfig
+
+    built = dataclasses.asdict(WarmStartConfig())
+    default = shipped_configs()["minihack_room_cpu"]
+    cfg = load_run_config(default)
+    assert embedded_build_mismatches(cfg, built) == []
+    other = load_run_config(default, overrides={
+        "env": {"max_turns": 20, "names": {"minihack/Room-Ultimate-5x5": 0.5, "alfworld/pick_and_place": 0.5}},
+        "rollout": {"history_turns": 2, "search_and_ask": 1}, "extractor": {"op_budget": 5}})
+    lines = embedded_build_mismatches(other, built)
+    assert len(lines) == 5, lines  # history_chars and trajectory_chars still agree
+    assert any(l.startswith("env.max_turns is 20 but the embedded models were built with max_turns 8") for l in lines)
+    assert any("rollout.history_turns is 2" in l for l in lines) and not any("history_chars" in l for l in lines)
+    assert any("alfworld/pick_and_place" in l and "--envs" in l for l in lines)
+    assert any("extractor.op_budget is 5" in l for l in lines) and any("allow_tool False" in l for l in lines)
+    mine = load_run_config(default, overrides={"actor": {"path": "/my/model"}, "rollout": {"history_turns": 2}})
+    assert embedded_build_mismatches(mine, built) == []  # a user's own models: nothing to compare

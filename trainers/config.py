@@ -372,6 +372,37 @@ def resolve_model_path(path: str, data_dir: str | os.PathLike[str]) -> str:
     return path
 
 
+def embedded_build_mismatches(cfg: "RunConfig", built: dict[str, Any]) -> list[str]:
+    """Where a run's settings differ from those the embedded models were built with (`built`: the build's
+    WarmStartConfig as its warmstart.json records it), one line each. Those models learnt from prompts made with the
+    build's values (history, turn limit, the search-and-ask offer, the extractor's trajectory length and op budget,
+    the compact prompts, the envs), so a run with other values shows them prompts they never saw. Only the roles that
+    use `embedded:policy` / `embedded:extractor` are compared."""
+    out: list[str] = []
+
+    def differ(field: str, ours: Any, build_field: str, theirs: Any) -> None:
+        if ours != theirs:
+            out.append(f"{field} is {ours!r} but the embedded models were built with {build_field} {theirs!r} "
+                       f"(set {field}: {theirs!r}, or rebuild with `comprl models init --set {build_field}=...`)")
+
+    if cfg.actor.path == f"{EMBEDDED_PREFIX}policy":
+        differ("env.max_turns", cfg.env.max_turns, "max_turns", built.get("max_turns"))
+        differ("rollout.history_turns", cfg.rollout.history_turns, "history_turns", built.get("history_turns"))
+        if cfg.rollout.history_turns or built.get("history_turns"):
+            differ("rollout.history_chars", cfg.rollout.history_chars, "history_chars", built.get("history_chars"))
+        differ("rollout.prompt_style", cfg.rollout.prompt_style, "prompt style", "compact")
+        differ("search-and-ask offered (rollout.search_and_ask > 0)", cfg.rollout.search_and_ask > 0, "allow_tool",
+               built.get("allow_tool"))
+        unknown = [e for e in cfg.env.names if e not in (built.get("envs") or [])]
+        if unknown:
+            out.append(f"env.names has {', '.join(unknown)}, but the embedded policy was built on "
+                       f"{', '.join(built.get('envs') or [])} only (rebuild with `comprl models init --envs ...`)")
+    if cfg.uses_experience and cfg.extractor.model.path == f"{EMBEDDED_PREFIX}extractor":
+        differ("extractor.trajectory_chars", cfg.extractor.trajectory_chars, "trajectory_chars", built.get("trajectory_chars"))
+        differ("extractor.op_budget", cfg.extractor.op_budget, "op_budget", built.get("op_budget"))
+    return out
+
+
 def check_model_paths(cfg: "RunConfig", data_dir: str | os.PathLike[str]) -> None:
     """Refuse, before a run row exists, a model folder that is not there. `embedded:` models are built on
     first use, so only given paths are checked."""

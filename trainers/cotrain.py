@@ -12,6 +12,7 @@ writes as one flat dict per step. What changes between the variants:
 from __future__ import annotations
 
 import contextlib
+import json
 from concurrent.futures import Future, ThreadPoolExecutor
 import random
 import time
@@ -27,7 +28,7 @@ from envs.base import task_id_of
 from envs.entry_check import EntryChecker, correct_share
 from envs.pool import EnvPool, TaskMixture
 from trainers.actor_step import actor_update
-from trainers.config import RunConfig, resolve_model_path
+from trainers.config import RunConfig, embedded_build_mismatches, resolve_model_path
 from trainers.engine import RunContext, seed_everything
 from trainers.evaluate import evaluate_policy
 from trainers.extractor import ExperienceLoop
@@ -35,7 +36,7 @@ from trainers.gguf_import import SMOLLM2_NAME, import_gguf
 from trainers.models import HFBackend, LoraSettings, inference_backend, load_backend, vllm_available
 from trainers.rollout import Episode, Roller, episode_metrics, trajectory_record
 from trainers.slots import SlotRouter, collect, env_factory, make_specs, pool_slots
-from trainers.warmstart import ensure_models
+from trainers.warmstart import MARKER, ensure_models
 
 __all__ = ["EntryAudit", "Rollouts", "SlotRouter", "ensure_embedded_models", "evaluate_run", "load_actor", "make_specs",
            "pool_slots", "train"]
@@ -48,7 +49,10 @@ def ensure_embedded_models(cfg: RunConfig, data_dir: Path) -> None:
     if f"embedded:{SMOLLM2_NAME}" in paths:
         import_gguf(data_dir=data_dir)
     if any(p in ("embedded:policy", "embedded:extractor") for p in paths):
-        ensure_models(data_dir)
+        folders = ensure_models(data_dir)
+        built = json.loads((Path(folders["policy"]) / MARKER).read_text()).get("config", {})
+        for line in embedded_build_mismatches(cfg, built):
+            print(f"[comprl] warning: {line}", flush=True)
 
 
 def load_actor(cfg: RunConfig, data_dir: Path, checkpoint: Path | None):
