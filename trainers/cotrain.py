@@ -12,7 +12,6 @@ writes as one flat dict per step. What changes between the variants:
 from __future__ import annotations
 
 import contextlib
-import json
 from concurrent.futures import Future, ThreadPoolExecutor
 import random
 import time
@@ -36,7 +35,7 @@ from trainers.gguf_import import SMOLLM2_NAME, import_gguf
 from trainers.models import HFBackend, LoraSettings, inference_backend, load_backend, vllm_available
 from trainers.rollout import Episode, Roller, episode_metrics, trajectory_record
 from trainers.slots import SlotRouter, collect, env_factory, make_specs, pool_slots
-from trainers.warmstart import MARKER, ensure_models
+from trainers.warmstart import ensure_models, read_marker
 
 __all__ = ["EntryAudit", "Rollouts", "SlotRouter", "ensure_embedded_models", "evaluate_run", "load_actor", "make_specs",
            "pool_slots", "train"]
@@ -50,8 +49,8 @@ def ensure_embedded_models(cfg: RunConfig, data_dir: Path) -> None:
         import_gguf(data_dir=data_dir)
     if any(p in ("embedded:policy", "embedded:extractor") for p in paths):
         folders = ensure_models(data_dir)
-        built = json.loads((Path(folders["policy"]) / MARKER).read_text()).get("config", {})
-        for line in embedded_build_mismatches(cfg, built):
+        built = read_marker(folders["policy"]).get("config")
+        for line in embedded_build_mismatches(cfg, built) if built else []:
             print(f"[comprl] warning: {line}", flush=True)
 
 

@@ -90,8 +90,10 @@ def ab_summary_md(test: dict[str, Any], paired: dict[str, Any] | None = None) ->
         lines.append(f"difference A − B: **{r['diff']:+.3f}**")
     if paired is not None:
         p = paired["p_value"]
-        what = ("both arms play the same " + f"{paired['pairs']} tasks" if int(c.get("episodes_per_task", 1)) == 1 else
-                f"{paired['pairs']} pairs: each task's k-th sampled episode in A and in B")
+        if int(c.get("episodes_per_task", 1)) == 1:
+            what = f"both arms play the same {paired['pairs']} tasks"
+        else:
+            what = f"{paired['pairs']} pairs: each task's k-th sampled episode in A and in B"
         lines.append(f"paired test ({what}): McNemar's, {paired['method']}, p-value "
                      f"**{p:.3g}**{' (significant at 0.05)' if p < 0.05 else ''}")
         lines.append(f"discordant pairs: **{paired['a_only']}** solved by A only, **{paired['b_only']}** by B only "

@@ -76,6 +76,7 @@ from trainers.warmstart.build import (  # noqa: F401
     demo_tokenizer,
     ensure_models,
     models_command,
+    read_marker,
     train_extractor,
 )
 

@@ -311,12 +311,18 @@ def _train_extractor(model: Any, examples: Sequence[SFTExample], cfg: WarmStartC
 
 # ============================================================================ public entry points
 
-def _marker_ok(folder: Path, digest: str) -> bool:
+def read_marker(folder: str | os.PathLike) -> dict[str, Any]:
+    """A built model folder's warmstart.json (hash, role, the WarmStartConfig it was built with, its checks), or {}
+    when the folder has none or it does not parse."""
     try:
-        data = json.loads((folder / MARKER).read_text())
+        data = json.loads((Path(folder) / MARKER).read_text())
     except (OSError, json.JSONDecodeError):
-        return False
-    return data.get("hash") == digest and (folder / "config.json").is_file()
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _marker_ok(folder: Path, digest: str) -> bool:
+    return read_marker(folder).get("hash") == digest and (folder / "config.json").is_file()
 
 
 @one_build_at_a_time  # one build per models folder at a time; others wait (core/build_progress.py)
@@ -368,10 +374,7 @@ def ensure_models(data_dir: str | os.PathLike, cfg: WarmStartConfig | None = Non
 
 def _custom_build(folder: Path) -> str | None:
     """What differs from the default in a custom build's config, or None for a default (or no) build."""
-    try:
-        data = json.loads((folder / MARKER).read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
+    data = read_marker(folder)
     if not data.get("custom"):
         return None
     default = asdict(WarmStartConfig())
@@ -441,9 +444,8 @@ def models_command(action: str, data_dir: str, force: bool = False, envs: list[s
             except (OSError, json.JSONDecodeError, KeyError):
                 pass
             print(line)
-            try:
-                marker = json.loads((p / MARKER).read_text())
-            except (OSError, json.JSONDecodeError):
+            marker = read_marker(p)
+            if not marker:
                 continue
             res = marker.get("results", {})
             if marker.get("role") == "policy":
