@@ -70,17 +70,10 @@ def expert_state_agreement(backend: Any, cfg: Any, env_name: str, seeds: list[in
     picks the expert's action; number of states; {expert's action kind: [agreed, states]}). On the
     expert's path, not the policy's: a low share here means the policy has not learned to imitate, a
     high one with a low rollout agreement means its own mistakes lead it to states it never saw."""
-    import random
-
     from trainers import prompts as P
     from trainers import warmstart as W
 
-    env = W._make_env(cfg, env_name)
-    try:
-        teacher, rng = W._Teacher(env, task_ids=cfg.task_ids), random.Random(f"probe/{condition}")
-        demos = [W._play_expert(teacher, env_name, s, condition, 0.0, rng, "expert") for s in seeds]
-    finally:
-        env.close()
+    demos = W.play_episodes(cfg, [(env_name, s, condition, 0.0) for s in seeds], source="expert", seed=0)
     states = [(d, t) for d in demos for t in d.turns]
     hits = 0
     kinds: dict[str, list[int]] = {}

@@ -158,6 +158,35 @@ class SlotPoolAPI:
         return [None if r.error else r.obs for r in self._run([("expert", s, None) for s in slots], self.step_timeout_s)]
 
 
+class LocalPool(SlotPoolAPI):
+    """The same slot interface over envs in this process, stepped one after the other, with no timeout: for
+    callers that need the env objects themselves (the warm start's teachers read the level beside the agent) or
+    play one episode (the workbench's demo). `envs[slot]` is the slot's env once it has been reset."""
+
+    def __init__(self, envs: Sequence[EnvSpec]) -> None:
+        if not envs:
+            raise ValueError("LocalPool needs at least one env (a registry name or a factory)")
+        self.specs: list[EnvSpec] = list(envs)
+        self.step_timeout_s = self.reset_timeout_s = float("inf")
+        self.envs: dict[int, TextEnv] = {}
+
+    def _run(self, commands: list[tuple[str, int, Any]], timeout_s: float) -> list[SlotResult]:
+        specs = dict(enumerate(self.specs))
+        return [serve_command(self.envs, specs, cmd, slot, arg) for cmd, slot, arg in commands]
+
+    def restarts(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        close_envs(self.envs)
+
+    def __enter__(self) -> LocalPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 @dataclass
 class _Replayable:
     """What it takes to rebuild a slot's running episode in a new worker."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import sys
 import tempfile
 import time
@@ -79,12 +78,8 @@ def main() -> None:
     train_s = time.time() - t_train
 
     # Held-out episodes: the scripted expert on evaluation seeds, each condition in turn.
-    env = W._make_env(cfg, cfg.envs[0])
-    teacher = W._Teacher(env, task_ids=cfg.task_ids)
-    rng = random.Random("probe")
-    held = [W._play_expert(teacher, cfg.envs[0], W._eval_seed(0, i), ("none", "correct", "wrong")[i % 3], 0.0, rng, "expert")
-            for i in range(args.eval * 2)]
-    env.close()
+    held = W.play_episodes(cfg, [(cfg.envs[0], W._eval_seed(0, i), ("none", "correct", "wrong")[i % 3], 0.0)
+                                 for i in range(args.eval * 2)], source="expert", seed=0)
     with tempfile.TemporaryDirectory() as tmp:
         save_model_folder(model, tokenizer, Path(tmp) / "extractor")
         backend = load_backend("hf", Path(tmp) / "extractor", device="cpu", quiet=True)

@@ -364,10 +364,6 @@ def test_ab_test_completes_with_intervals(app, page, request, tiny_model):
 
 @needs_trainer
 def test_live_policy_demo_plays(page, request, tiny_model):
-    try:
-        importlib.import_module("trainers.rollout").EpisodePlayer  # noqa: B018
-    except AttributeError:
-        pytest.skip("trainers.rollout.EpisodePlayer is not provided by the trainer yet")
     tab(page, "Agent demo")
     page.locator("#demo-mode label", has_text="policy").click()
     page.locator("#demo-ckpt input, #demo-ckpt textarea").first.fill(tiny_model)

@@ -243,7 +243,7 @@ def test_vllm_structured_outputs_arguments():
 
 @pytest.mark.slow
 def test_the_demo_player_can_decode_constrained_too(tiny, tmp_path):
-    from trainers.rollout import EpisodePlayer
+    from trainers.player import EpisodePlayer
 
     player = EpisodePlayer("minihack/Room-5x5", 4, data_dir=str(tmp_path), db_url=f"sqlite:///{tmp_path / 'w.db'}", use_library=False,
                            checkpoint=str(tiny.path),  # the actor is given: no default models built

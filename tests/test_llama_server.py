@@ -235,7 +235,7 @@ def test_the_demo_plays_through_the_server(server, smollm2_dir, tmp_path):
     """`comprl app --demo-actor '{backend: openai, …, prompt_style: chat}'`: the demo's player on the endpoint."""
     from app.service import demo_actor_kwargs
     from trainers.models import OpenAIBackend
-    from trainers.rollout import EpisodePlayer
+    from trainers.player import EpisodePlayer
 
     kw = demo_actor_kwargs({"backend": "openai", "base_url": server.url, "path": str(smollm2_dir), "served_model": "smollm2",
                             "prompt_style": "chat", "constrain_actions": True})

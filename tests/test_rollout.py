@@ -119,7 +119,7 @@ def test_retrieved_experience_reaches_the_prompt(pool, tiny, store, embedder):
 
 
 def test_episode_player_plays_turn_by_turn(tmp_path, tiny, store, db_url):
-    from trainers.rollout import EpisodePlayer
+    from trainers.player import EpisodePlayer
 
     store.add_entry("## Title: stairs\n## Content: go southeast", env="minihack/Room-5x5",
                     task="Reach the staircase down (>) in a lit 5x5 room.", actor="human")

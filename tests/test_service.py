@@ -604,7 +604,7 @@ def test_demo_bad_input(wb):
     assert "unknown env" in wb.demo_start(None, "expert", "nope/env", 0)[2]
     if not TRAINER:
         msg = wb.demo_start(None, "policy", "minihack/Room-5x5", 0)[2]
-        assert "trainers.rollout" in msg
+        assert "trainers.models" in msg
 
 
 def test_replay_and_episode_lists(wb):

@@ -206,7 +206,8 @@ def test_demonstration_mix_and_recovery_states(ultimate_demos):
     assert all(conds.values()), conds
     noisy = [t for d in demos if d.source == "noisy" for t in d.turns]
     assert any(t.taken != t.label for t in noisy)  # states after a mistake, labelled by the expert
-    assert any(t.taken in W._INVALID_WORDS for t in noisy)
+    very = W.collect_demos(tiny(envs=["minihack/Room-Ultimate-5x5"], demo_episodes=6, noisy_share=1.0, noise_eps=0.6))
+    assert any(t.taken in W._INVALID_WORDS for d in very for t in d.turns)  # and words the env refuses
     for d in demos:
         if d.condition == "none":
             assert d.entry == ""
@@ -493,3 +494,58 @@ def test_extraction_copies_lie_at_one_distance_for_every_level(ultimate_demos):
         assert s_hits[-2] - s_hits[-3] in to_think
     assert stated >= 10 and kept >= 1
     assert len(to_think) == 1 and len(to_entry) == 1
+
+
+def test_dagger_rollouts_are_the_rollers_with_the_sft_prompt_and_labels_on_their_states(ultimate_demos, tmp_path):
+    """One episode loop: the warm start's DAgger episodes are played by the Roller (trainers/rollout.py) on teacher
+    envs. Every prompt the model generated from is the SFT example's prompt for that state (W._actor_prompt), and
+    every label is the teacher's action in the state the action was taken from (replayed on a fresh TeacherEnv)."""
+    from collections import Counter
+
+    from trainers.models import save_model_folder
+    from trainers.rollout import derive_seed
+
+    cfg, demos = ultimate_demos
+    cfg = dataclasses.replace(cfg, rollout_batch=4)
+    tok = build_tokenizer([json.dumps(W._actor_prompt(cfg, d, t)) + t.label for d in demos for t in d.turns[:3]],
+                          vocab_size=500)
+    save_model_folder(build_tiny_qwen2(tok, 32, 1, 2, 1, max_pos=2048, seed=0), tok, tmp_path / "p")
+    backend = load_backend("hf", tmp_path / "p", device="cpu", quiet=True)
+    seen: list[tuple[int, ...]] = []
+    generate = backend.generate
+
+    def recording(prompts, **kw):
+        seen.extend(tuple(p) for p in prompts)
+        return generate(prompts, **kw)
+
+    backend.generate = recording
+    name = cfg.envs[0]
+    specs = [(name, 50 + i, ("none", "correct", "wrong")[i % 3]) for i in range(6)]
+    dag = W._rollouts(backend, cfg, specs, temperature=1.0, seed=5, source="dagger", max_turns=3, max_new_tokens=3)
+    assert [(d.seed, d.condition) for d in dag] == [(s, c) for _, s, c in specs]
+    assert all(1 <= len(d.turns) <= 3 and d.source == "dagger" for d in dag)
+    expected = [tuple(W._chat_ids(tok, W._actor_prompt(cfg, d, t))) for d in dag for t in d.turns]
+    assert Counter(seen) == Counter(expected)
+    for (n, s, c), d in zip(specs, dag):
+        te = W.TeacherEnv(cfg, n)
+        try:
+            obs, info = te.reset(seed=s, options={"condition": c, "noise_eps": 0.0, "entry_seed": derive_seed(5, n, s, c)})
+            assert te.entry == d.entry and te.task == d.task
+            for t in d.turns:
+                assert (t.observation, t.label) == (obs, info["expert_action"])
+                obs, _, term, trunc, info = te.step(t.taken)
+        finally:
+            te.close()
+
+
+def test_scripted_demonstrations_are_played_by_the_roller_without_a_model(ultimate_demos):
+    """Expert episodes (no actor): what each turn took is the label, except a noisy episode's random actions; the
+    expert reaches the staircase on a lit room's seeds; the same config gives the same demonstrations."""
+    cfg, demos = ultimate_demos
+    clean = [d for d in demos if d.source == "expert"]
+    assert clean and all(t.taken == t.label for d in clean for t in d.turns)
+    lit = W.collect_demos(tiny(demo_episodes=8, noisy_share=0.0))
+    assert all(d.success for d in lit) and all(d.turns for d in lit)
+    again = W.collect_demos(tiny(demo_episodes=8, noisy_share=0.0))
+    assert [(d.seed, d.condition, d.entry, [(t.observation, t.taken) for t in d.turns]) for d in lit] == \
+           [(d.seed, d.condition, d.entry, [(t.observation, t.taken) for t in d.turns]) for d in again]

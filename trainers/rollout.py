@@ -10,19 +10,20 @@ training row: the prompt ids exactly as generated from, the reply ids, their log
 sampling model. Only reply tokens ever carry loss (observation, experience and tool-result text
 lives in the prompt part of a row, which the learner masks).
 
-`EpisodePlayer` plays one episode a turn at a time for the workbench's demo, with the same prompt
-code, so what a person watches is what training does.
+Every episode anywhere is played here: training and evaluation on a process pool, the warm start's DAgger
+rollouts and scripted demonstrations (no model: the env's expert plays) on a pool in this process
+(envs.pool.LocalPool), and the workbench's demo a turn at a time through `begin` / `play_turn`
+(trainers/player.py).
 """
 from __future__ import annotations
 
 import hashlib
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from core.types import Step, Trajectory
-from envs.base import instance_task, keeps_intro
+from envs.base import instance_task
 from envs.pool import EnvPool, SlotResult
 from trainers import prompts as P
 from trainers.backends.choices import ActionChoice  # plain Python: env and manager processes import this module without torch
@@ -41,6 +42,7 @@ class EpisodeSpec:
     with_experience: bool
     group_id: int
     task_id: int | None = None  # a recurring task's instance id (env.task_set): named in the task text
+    options: dict[str, Any] | None = None  # the env's reset options (the warm start's teacher: the entry's condition)
 
 
 @dataclass
@@ -105,6 +107,30 @@ class _Live:
     done: bool = False
     keep_intro: bool = False
     admissible: list[str] = field(default_factory=list)  # the env's valid actions now, where it lists them
+    given: bool = False  # the env named the experience this episode shows (reset info "experience"): no retrieval
+    # The env's scripted action for the current state, where its info names one ("expert_action": the warm start's
+    # teachers; kept on each Step as its DAgger label), and the one an expert-played episode takes ("expert_play":
+    # the label, or a noisy demonstration's random action).
+    expert: str | None = None
+    expert_play: str | None = None
+
+
+@dataclass
+class Batch:
+    """Episodes under way in lockstep: Roller.begin makes one, play_turn advances it, end says what it measured."""
+
+    lives: list[_Live]
+    step: int
+    t0: float
+    computed0: int = 0  # the actor's prefill_computed at the start
+    t_ret: float = 0.0
+    same_task: float | None = None
+    critic: dict[str, float] = field(default_factory=dict)
+    tokens: int = 0
+    replies: int = 0
+    cut: int = 0
+    prefill: int = 0
+    turn: int = 0
 
 
 class Roller:
@@ -161,22 +187,29 @@ class Roller:
         `metrics`, when given, receives what this call measured (rollout/*, critic/*, retrieval/same_task_rate,
         search_and_ask/latency_ms): the caller's own dict, so concurrent collects (a prefetch thread beside an
         evaluation) never read each other's numbers."""
+        batch = self.begin(pairs, step=step, retrieval=retrieval)
+        while self.play_turn(batch):
+            pass
+        stats = self.end(batch)
+        if metrics is not None:
+            metrics.update(stats)
+        return [lv.ep for lv in batch.lives]
+
+    def begin(self, pairs: Sequence[tuple[int, EpisodeSpec]], *, step: int, retrieval: bool = True) -> Batch:
+        """Reset each (slot, spec) and retrieve the experience its episode shows: the batch `play_turn` then
+        advances a turn at a time (`collect_on` to the end; the workbench's demo one turn per click)."""
         if len({i for i, _ in pairs}) != len(pairs) or any(not 0 <= i < self.pool.num_slots for i, _ in pairs):
             raise ValueError(f"slots must be distinct and within the pool's {self.pool.num_slots}")
-        specs = [s for _, s in pairs]
-        t0 = time.perf_counter()
-        starts = self.pool.reset_many([(i, s.seed, None) for i, s in pairs])
-        lives = [self._start(i, s, r) for (i, s), r in zip(pairs, starts)]
+        batch = Batch([], step, time.perf_counter(), computed0=getattr(self.actor, "prefill_computed", 0))
+        starts = self.pool.reset_many([(i, s.seed, s.options) for i, s in pairs])
+        batch.lives = [self._start(i, s, r) for (i, s), r in zip(pairs, starts)]
         # Retrieval at episode start (METHOD.md step 1): one call, batched by the manager.
-        t_ret = 0.0
-        same_task: float | None = None
-        critic: dict[str, float] = {}
-        want = [lv for lv in lives if lv.ep.spec.with_experience and not lv.done]
+        want = [lv for lv in batch.lives if lv.ep.spec.with_experience and not lv.done and not lv.given]
         if want and retrieval and self.manager is not None:
             t1 = time.perf_counter()
             hits = self.manager.search_sync([lv.ep.traj.task for lv in want], task=[lv.ep.spec.env for lv in want],
                                             scope=[lv.ep.traj.task for lv in want])
-            t_ret = time.perf_counter() - t1
+            batch.t_ret = time.perf_counter() - t1
             for lv, hs in zip(want, hits):
                 lv.ep.traj.experience_ids = [h.entry_id for h in hs]
                 lv.ep.traj.experience_text = "\n\n".join(h.text for h in hs)
@@ -184,68 +217,77 @@ class Roller:
             # the entries that can be right; on random seeds every episode shares one task text).
             found = [h.task == lv.ep.traj.task for lv, hs in zip(want, hits) for h in hs]
             if found:
-                same_task = sum(found) / len(found)
+                batch.same_task = sum(found) / len(found)
             if self.rc.actor_critic:
-                critic = self._critique(want, hits, step)
-        tokens = replies = cut = prefill = 0
-        turn = 0
-        computed0 = getattr(self.actor, "prefill_computed", 0)
-        while True:
-            active = [lv for lv in lives if not lv.done]
-            if not active:
-                break
+                batch.critic = self._critique(want, hits, step)
+        return batch
+
+    def play_turn(self, batch: Batch) -> bool:
+        """One turn of every episode still under way (one batched generate call); False when none was."""
+        active = [lv for lv in batch.lives if not lv.done]
+        if not active:
+            return False
+        to_step: list[tuple[_Live, str]] = []
+        if self.actor is None:  # no model: the env's scripted expert plays (the warm start's demonstrations, the demo)
+            # the action its info named (a teacher's), else the env family's expert (envs/experts.py) asked of the pool
+            ask = [lv for lv in active if (lv.expert_play or lv.expert) is None]
+            told = dict(zip((id(lv) for lv in ask), self.pool.expert_many([lv.slot for lv in ask]))) if ask else {}
+            to_step = [(lv, lv.expert_play or lv.expert or told.get(id(lv)) or "") for lv in active]
+            batch.turn += 1
+        else:
             prompts = [self.prompt_ids(lv) for lv in active]
             extra: dict[str, Any] = {"sessions": [id(lv) for lv in active]} if self._sessions() else {}
             if getattr(self.rc, "constrain_actions", False):
                 extra["choices"] = [self.choice(lv) for lv in active]
             outs = self.actor.generate(prompts, max_new_tokens=self.ac.max_new_tokens, temperature=self.ac.temperature,
-                                       top_p=self.ac.top_p, stop=P.reply_stops(self.style), seed=derive_seed(self.seed, step, turn),
-                                       **extra)
-            prefill += sum(len(p) for p in prompts)
-            turn += 1
-            to_step: list[tuple[_Live, str]] = []
+                                       top_p=self.ac.top_p, stop=P.reply_stops(self.style),
+                                       seed=derive_seed(self.seed, batch.step, batch.turn), **extra)
+            batch.prefill += sum(len(p) for p in prompts)
+            batch.turn += 1
             for lv, p, o in zip(active, prompts, outs):
-                tokens += len(o.token_ids)
-                replies += 1
-                cut += o.finish_reason == "length"
+                batch.tokens += len(o.token_ids)
+                batch.replies += 1
+                batch.cut += o.finish_reason == "length"
                 kind, content = P.parse_actor_reply(o.text, lv.admissible if self.style == "chat" else None)
                 if kind == "tool" and (lv.tool_calls >= self.rc.search_and_ask or self.tool_fn is None):
                     kind, content = "action", o.text.strip()  # over the budget: the env judges it as an action
                 lv.ep.turns.append(TurnSample(p, list(o.token_ids), list(o.logprobs), kind))
                 if kind == "tool":
-                    self._tool_turn(lv, content, step)
+                    self._tool_turn(lv, content, batch.step)
                 else:
                     to_step.append((lv, content))
-            if to_step:
-                results = self.pool.step_many([(lv.slot, a) for lv, a in to_step])
-                for (lv, a), r in zip(to_step, results):
-                    self._after_step(lv, a, r)
-            for lv in active:
-                if not lv.done and lv.turns >= lv.max_turns:
-                    self._finish(lv, truncated=True)
-            if self._sessions():
-                self.actor.drop_sessions([id(lv) for lv in active if lv.done])
+        if to_step:
+            results = self.pool.step_many([(lv.slot, a) for lv, a in to_step])
+            for (lv, a), r in zip(to_step, results):
+                self._after_step(lv, a, r)
+        for lv in active:
+            if not lv.done and lv.turns >= lv.max_turns:
+                self._finish(lv, truncated=True)
         if self._sessions():
-            self.actor.drop_sessions([id(lv) for lv in lives])
-        dt = time.perf_counter() - t0
-        stats = {"rollout/seconds": dt, "rollout/episodes_per_s": len(specs) / max(dt, 1e-9),
-                 "rollout/tokens_per_s": tokens / max(dt, 1e-9), "rollout/retrieval_s": t_ret,
+            self.actor.drop_sessions([id(lv) for lv in active if lv.done])
+        return True
+
+    def end(self, batch: Batch) -> dict[str, float]:
+        """What the batch measured (rollout/*, critic/*, retrieval/same_task_rate, search_and_ask/latency_ms)."""
+        if self._sessions():
+            self.actor.drop_sessions([id(lv) for lv in batch.lives])
+        dt = time.perf_counter() - batch.t0
+        stats = {"rollout/seconds": dt, "rollout/episodes_per_s": len(batch.lives) / max(dt, 1e-9),
+                 "rollout/tokens_per_s": batch.tokens / max(dt, 1e-9), "rollout/retrieval_s": batch.t_ret,
                  "rollout/env_restarts": float(self.pool.restarts()),
                  # replies that ran out of actor.max_new_tokens before an end token or newline: a share
                  # near 1 means the budget cuts actions short (ALFWorld's "take X from Y" needs 9+ tokens)
-                 "rollout/cut_replies": cut / max(1, replies), "rollout/turns": float(turn),
-                 "rollout/prompt_tokens": float(prefill), **critic}
+                 "rollout/cut_replies": batch.cut / max(1, batch.replies), "rollout/turns": float(batch.turn),
+                 "rollout/prompt_tokens": float(batch.prefill), **batch.critic}
         if hasattr(self.actor, "prefill_computed"):
             # prompt tokens the model actually ran (the rest came from a kept cache, a shared prefix or a duplicate prompt)
-            stats["rollout/prefill_tokens"] = float(self.actor.prefill_computed - computed0)
-        if same_task is not None:
-            stats["retrieval/same_task_rate"] = same_task
-        tool_ms = [s.info["latency_ms"] for lv in lives for s in lv.ep.traj.steps if s.kind == "tool"]
+            stats["rollout/prefill_tokens"] = float(self.actor.prefill_computed - batch.computed0)
+        if batch.same_task is not None:
+            stats["retrieval/same_task_rate"] = batch.same_task
+        tool_ms = [s.info["latency_ms"] for lv in batch.lives for s in lv.ep.traj.steps if s.kind == "tool"]
         if tool_ms:  # one search-and-ask call, retrieval and the extractor's rewrite, as the actor waits for it
             stats["search_and_ask/latency_ms"] = sum(tool_ms) / len(tool_ms)
-        if metrics is not None:
-            metrics.update(stats)
-        return [lv.ep for lv in lives]
+        return stats
 
     def _critique(self, lives: Sequence[_Live], hits: Sequence[Sequence[Any]], step: int) -> dict[str, float]:
         """Actor as critic (METHOD.md, optional): one batched call judges every retrieved entry;
@@ -284,8 +326,13 @@ class Roller:
                           group_id=spec.group_id)
         ep = Episode(spec, traj)
         limit = min(r.max_turns, self.max_turns) if self.max_turns else r.max_turns
+        info = r.info or {}
         lv = _Live(ep, slot, r.action_format, r.obs, max_turns=max(1, limit), keep_intro=r.keep_intro,
-                   admissible=[str(a) for a in (r.info or {}).get("admissible_actions") or []])
+                   admissible=[str(a) for a in info.get("admissible_actions") or []])
+        if "experience" in info:  # the env shows its own entry (the warm start's teacher): retrieval has no say
+            lv.given = True
+            traj.experience_text = str(info["experience"])
+        self._expert(lv, info)
         if r.error:  # the env failed to start: a failed episode, the run goes on
             ep.error = r.error
             self._finish(lv, truncated=False)
@@ -299,7 +346,8 @@ class Roller:
         ms = (time.perf_counter() - t0) * 1000
         obs = self.templates["TOOL_RESULT"].format(answer=answer or "(nothing relevant found)")
         lv.ep.traj.steps.append(Step(observation=lv.observation, action=f"<search_and_ask>{query}</search_and_ask>",
-                                     kind="tool", tool_query=query, tool_answer=answer, info={"latency_ms": ms}))
+                                     kind="tool", tool_query=query, tool_answer=answer,
+                                     info={"latency_ms": ms, **self._label(lv)}))
         lv.ep.tool_entry_ids.extend(ids)
         if gen is not None:
             lv.ep.tool_generations.append(gen)
@@ -311,7 +359,8 @@ class Roller:
         invalid = bool(r.info.get("invalid_action"))
         lv.ep.invalid_actions += invalid
         lv.ep.traj.steps.append(Step(observation=lv.observation, action=action, reward=float(r.reward),
-                                     kind="invalid" if invalid else "action"))
+                                     kind="invalid" if invalid else "action", info=self._label(lv)))
+        self._expert(lv, r.info or {})
         lv.ep.traj.reward += float(r.reward)
         lv.history.append((lv.observation, action))
         lv.observation = r.obs
@@ -323,6 +372,14 @@ class Roller:
             lv.ep.traj.final_observation = r.obs
             lv.ep.traj.success = bool(r.info.get("success", False))
             self._finish(lv, truncated=r.truncated and not r.terminated)
+
+    @staticmethod
+    def _expert(lv: _Live, info: dict[str, Any]) -> None:
+        lv.expert, lv.expert_play = info.get("expert_action"), info.get("expert_play")
+
+    @staticmethod
+    def _label(lv: _Live) -> dict[str, str]:
+        return {"expert_action": lv.expert} if lv.expert is not None else {}
 
     @staticmethod
     def _finish(lv: _Live, *, truncated: bool) -> None:
@@ -354,118 +411,3 @@ def trajectory_record(ep: Episode, *, run_id: int | None, step: int, ab_test_id:
             "experience_ids": list(t.experience_ids), "experience_text": t.experience_text,
             "steps": [{"observation": s.observation, "action": s.action, "reward": s.reward, "kind": s.kind,
                        "tool_query": s.tool_query, "tool_answer": s.tool_answer} for s in t.steps]}
-
-
-class EpisodePlayer:
-    """One episode, a turn at a time, for the workbench's demo: the same prompts as training, greedy.
-
-        p = EpisodePlayer("minihack/Room-5x5", 3, data_dir=..., db_url=...)
-        p.reset() -> turn dict; p.step() -> turn dict, until turn["done"]
-
-    A turn dict: turn, observation, experience, action, reward, done, success, tool_query, tool_answer.
-    A search-and-ask call is answered with the best library entry as it stands (the demo runs no
-    extractor to rewrite it).
-    """
-
-    def __init__(self, env_name: str, seed: int, *, data_dir: str, db_url: str, checkpoint: str = "", use_library: bool = True,
-                 max_new_tokens: int = 24, search_and_ask: int = 2, history_turns: int | None = None,
-                 history_chars: int | None = None, prompt_style: str = "compact", actor: Any = None,
-                 constrain_actions: bool = False):
-        from core.config import LibraryConfig
-        from envs.registry import make_env
-        from trainers.config import RolloutSection, resolve_model_path
-        from trainers.models import HFBackend
-
-        path = checkpoint
-        if checkpoint and (Path(checkpoint) / "policy" / "config.json").exists():
-            path = str(Path(checkpoint) / "policy")  # a training checkpoint folder
-        if not path:
-            from trainers.warmstart import ensure_models
-
-            ensure_models(data_dir)
-            path = resolve_model_path("embedded:policy", data_dir)
-        # `actor`: any back end (an openai endpoint serving the policy, for instance) instead of the folder
-        self.actor = actor if actor is not None else HFBackend(path, device="cpu" if not _cuda() else "auto", num_threads=1)
-        self.prompt_style = prompt_style
-        self.constrain_actions = bool(constrain_actions)  # replies decoded constrained to the admissible actions, as training's
-        self.admissible: list[str] = []
-        self.env = make_env(env_name)
-        self.env_name, self.seed = env_name, seed
-        self.max_new_tokens, self.search_budget = max_new_tokens, search_and_ask
-        defaults = RolloutSection()  # the prompt the embedded policy was trained on, unless told otherwise
-        self.history_turns = defaults.history_turns if history_turns is None else history_turns
-        self.history_chars = defaults.history_chars if history_chars is None else history_chars
-        self.manager = None
-        if use_library:
-            import dataclasses
-
-            from core.embedding import Embedder
-            from core.manager import ExperienceManager
-            from core.store import ExperienceStore
-
-            lib = LibraryConfig()
-            self.manager = ExperienceManager(ExperienceStore(db_url), Embedder(lib.embedding),
-                                             dataclasses.replace(lib.manager, record_usage=False, random_demote=False), lib.index)
-        self.history: list[tuple[str, str]] = []
-        self.turn = 0
-        self.done = False
-        self.experience = ""
-        self.observation = ""
-        self.tool_calls = 0
-
-    def reset(self) -> dict[str, Any]:
-        self.observation, info = self.env.reset(seed=self.seed)
-        self.admissible = [str(a) for a in info.get("admissible_actions") or []]
-        self.history, self.turn, self.done, self.tool_calls = [], 0, False, 0
-        self.experience = ""
-        if self.manager is not None:
-            hits = self.manager.search_sync([self.env.task], task=self.env_name)[0]
-            self.experience = "\n\n".join(h.text for h in hits)
-        return self._turn_dict(action="", reward=0.0, success=None)
-
-    def step(self) -> dict[str, Any]:
-        if self.done:
-            raise RuntimeError("the episode is over; call reset() to play it again")
-        allow_tool = self.manager is not None and self.tool_calls < self.search_budget
-        history = P.fit_history(self.history, max_turns=self.history_turns, max_chars=self.history_chars,
-                                keep_first=keeps_intro(self.env), stride=P.history_stride(self.prompt_style, self.history_turns))
-        msgs = P.turn_messages(self.prompt_style, action_format=self.env.action_format, task=self.env.task,
-                               observation=self.observation, experience=self.experience, history=history,
-                               admissible=self.admissible, allow_tool=allow_tool)
-        ids = list(self.actor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))
-        choice = turn_choice(self.env_name, self.admissible, tool=allow_tool) if self.constrain_actions else None
-        out = self.actor.generate([ids], max_new_tokens=self.max_new_tokens, temperature=0.0,
-                                  stop=P.reply_stops(self.prompt_style), **({"choices": [choice]} if choice else {}))[0]
-        kind, content = P.parse_actor_reply(out.text, self.admissible if self.prompt_style == "chat" else None)
-        self.turn += 1
-        if kind == "tool" and allow_tool:
-            self.tool_calls += 1
-            hits = self.manager.search_sync([content or self.env.task], task=self.env_name)[0]
-            answer = hits[0].text if hits else "(nothing relevant found)"
-            self.history.append((self.observation, f"<search_and_ask>{content}</search_and_ask>"))
-            self.observation = f"{P.TOOL_RESULT.format(answer=answer)}\n\n{self.observation}"
-            d = self._turn_dict(action=f"<search_and_ask>{content}</search_and_ask>", reward=0.0, success=None)
-            d.update(tool_query=content, tool_answer=answer)
-            return d
-        action = content if kind == "action" else out.text.strip()
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        self.admissible = [str(a) for a in info.get("admissible_actions") or []]
-        self.history.append((self.observation, action))
-        self.observation = obs
-        self.done = terminated or truncated
-        return self._turn_dict(action=action, reward=float(reward), success=bool(info.get("success")) if self.done else None)
-
-    def _turn_dict(self, *, action: str, reward: float, success: bool | None) -> dict[str, Any]:
-        return {"turn": self.turn, "observation": self.observation, "experience": self.experience, "action": action,
-                "reward": reward, "done": self.done, "success": success, "tool_query": "", "tool_answer": ""}
-
-    def close(self) -> None:
-        if self.manager is not None:
-            self.manager.close()
-        self.env.close()
-
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()

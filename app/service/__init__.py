@@ -30,7 +30,7 @@ from app.service.curves import CurveSession, CurvesPart, MetricCache, PULL_INTER
 from app.service.runs import _Launched, RunsPart
 from app.service.library import LibraryPart
 from app.service.abtests import ab_pairs, AbTestsPart
-from app.service.demo import demo_actor_kwargs, DemoPart, ExpertPlayer, _Play
+from app.service.demo import demo_actor_kwargs, DemoPart, _Play
 from core.config import ARM_KINDS, LibraryConfig, default_db_url
 from core.embedding import Embedder
 from core.manager import ExperienceManager
@@ -117,7 +117,7 @@ class Workbench(RunsPart, CurvesPart, LibraryPart, AbTestsPart, DemoPart):
 
 __all__ = [
     "ab_pairs", "ARM_KINDS", "BUILD_SHOWN_S", "CONFIG_DIR", "CurveSession", "DEFAULT_UPLOAD_CAP_MB",
-    "demo_actor_kwargs", "ExpertPlayer", "log", "LOG_TAIL_BYTES", "MAX_SEEDS", "MetricCache", "parse_ids",
+    "demo_actor_kwargs", "log", "LOG_TAIL_BYTES", "MAX_SEEDS", "MetricCache", "parse_ids",
     "parse_seeds", "PULL_INTERVAL_S", "ROOT", "ROWS_PER_KEY_PER_PULL", "trainer_available", "UserInputError",
     "whole_number", "Workbench",
 ]

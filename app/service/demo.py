@@ -14,42 +14,8 @@ from app import views
 from app.service.common import _err, _maybe_id, UserInputError, whole_number
 from core import build_progress
 from core.store import StoreError
-from envs.experts import expert_action
-from envs.registry import list_envs, make_env
-
-class ExpertPlayer:
-    """Plays an episode with the env's scripted expert (`envs.experts.expert_action`): "watch the expert".
-
-    Same turn dicts as the trainer's EpisodePlayer. The experience block is what retrieval would
-    show the actor for this task; the expert does not read it.
-    """
-
-    def __init__(self, env_name: str, seed: int, experience: str = "") -> None:
-        self._expert = expert_action
-        self.env = make_env(env_name)
-        self.seed = seed
-        self.experience = experience
-        self.turn = 0
-        self.done = False
-
-    def reset(self) -> dict[str, Any]:
-        obs, _ = self.env.reset(seed=self.seed)
-        self.turn, self.done = 0, False
-        return {"turn": 0, "observation": obs, "experience": self.experience, "action": "", "reward": 0.0, "done": False,
-                "success": None, "tool_query": "", "tool_answer": ""}
-
-    def step(self) -> dict[str, Any]:
-        action = self._expert(self.env)
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        self.turn += 1
-        self.done = bool(terminated or truncated)
-        return {"turn": self.turn, "observation": obs, "experience": self.experience, "action": action,
-                "reward": float(reward), "done": self.done, "success": bool(info.get("success")) if self.done else None,
-                "tool_query": "", "tool_answer": ""}
-
-    def close(self) -> None:
-        self.env.close()
-
+from envs.registry import list_envs
+from trainers.player import EpisodePlayer
 
 @dataclass
 class _Play:
@@ -126,9 +92,9 @@ class DemoPart:
 
     def policy_status(self) -> str:
         try:
-            importlib.import_module("trainers.rollout").EpisodePlayer  # noqa: B018
+            importlib.import_module("trainers.models")  # noqa: B018
         except Exception as e:
-            return (f"Live policy play needs the trainer (`trainers.rollout.EpisodePlayer` is not importable here: "
+            return (f"Live policy play needs the trainer's models (`trainers.models` is not importable here: "
                     f"{type(e).__name__}: {e}). Watch the scripted expert instead, or replay stored episodes.")
         return "Live policy play is available."
 
@@ -157,8 +123,7 @@ class DemoPart:
         try:
             if mode == "policy":
                 try:
-                    rollout = importlib.import_module("trainers.rollout")
-                    player_cls = rollout.EpisodePlayer
+                    importlib.import_module("trainers.models")
                 except Exception:
                     return token or "", views.live_episode_html([]), _err(self.policy_status())
                 ckpt = (checkpoint or "").strip()
@@ -175,11 +140,11 @@ class DemoPart:
                 if self.demo_actor and not ckpt:
                     extra = demo_actor_kwargs(self.demo_actor)
                     ckpt = extra.pop("checkpoint")
-                player = player_cls(env_name, seed_i, data_dir=str(self.data_dir), db_url=self.db_url, checkpoint=ckpt,
+                player = EpisodePlayer(env_name, seed_i, data_dir=str(self.data_dir), db_url=self.db_url, checkpoint=ckpt,
                                     use_library=use_library, **extra)
                 play = _Play(player, "policy")
             else:
-                player = ExpertPlayer(env_name, seed_i)
+                player = EpisodePlayer(env_name, seed_i, expert=True, use_library=False)
                 play = _Play(player, "expert")
             first = play.player.reset()
             if mode != "policy" and use_library:

@@ -45,9 +45,10 @@ from trainers.warmstart.teachers import (  # noqa: F401
     _claimed,
     _eval_seed,
     _make_env,
-    _play_expert,
     _Teacher,
     collect_demos,
+    play_episodes,
+    TeacherEnv,
 )
 from trainers.warmstart.examples import (  # noqa: F401
     _actor_prompt,

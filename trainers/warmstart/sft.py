@@ -5,17 +5,14 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from envs.base import keeps_intro
-from trainers import prompts as P
 from trainers.parsing import parse_extractor_answer
-from trainers.warmstart.common import ACTION_LEAD, Demo, IGNORE, SFTExample, Turn, WarmStartConfig
-from trainers.warmstart.examples import _actor_prompt, _debrief_quote, _extractor_prompt, _merge_chunk, _merge_messages
-from trainers.warmstart.teachers import _Teacher, _claimed, _eval_seed, _make_env
+from trainers.warmstart.common import ACTION_LEAD, Demo, IGNORE, SFTExample, WarmStartConfig
+from trainers.warmstart.examples import _debrief_quote, _extractor_prompt, _merge_chunk, _merge_messages
+from trainers.warmstart.teachers import _claimed, _eval_seed, play_episodes
 
 
 def _sft(model: Any, examples: Sequence[SFTExample], steps: int, cfg: WarmStartConfig, *, pad_id: int, seed: int,
@@ -70,15 +67,6 @@ def _sft(model: Any, examples: Sequence[SFTExample], steps: int, cfg: WarmStartC
 
 # ============================================================================ rollouts (DAgger and evaluation)
 
-@dataclass
-class _Live:
-    teacher: _Teacher
-    demo: Demo
-    obs: str
-    history: list[tuple[str, str]]
-    done: bool = False
-
-
 def action_token_budget(tokenizer: Any, demos: Sequence[Demo], cfg: WarmStartConfig) -> int:
     """Tokens to generate per actor turn: `cfg.action_max_new_tokens`, or the longest demonstrated
     action plus its end token if that is longer."""
@@ -89,55 +77,12 @@ def action_token_budget(tokenizer: Any, demos: Sequence[Demo], cfg: WarmStartCon
 
 def _rollouts(backend: Any, cfg: WarmStartConfig, specs: Sequence[tuple[str, int, str]], *, temperature: float,
               seed: int, source: str, max_turns: int | None = None, max_new_tokens: int | None = None) -> list[Demo]:
-    """Play the model on (env name, seed, condition), `cfg.rollout_batch` episodes in lockstep.
-    Every state is labelled with the expert's action for that condition (DAgger); the model's own
-    action is what is played. `max_turns` cuts episodes short (they then count as failures);
+    """Play the model on (env name, seed, condition), `cfg.rollout_batch` episodes in lockstep (the Roller, through
+    teachers.play_episodes). Every state is labelled with the expert's action for that condition (DAgger); the
+    model's own action is what is played. `max_turns` cuts episodes short (they then count as failures);
     `max_new_tokens` per turn defaults to `cfg.action_max_new_tokens`."""
-    out: list[Demo] = []
-    for i in range(0, len(specs), cfg.rollout_batch):
-        out += _rollout_chunk(backend, cfg, specs[i : i + cfg.rollout_batch], temperature=temperature,
-                              seed=seed + i, source=source, max_turns=max_turns,
-                              max_new_tokens=max_new_tokens or cfg.action_max_new_tokens)
-    return out
-
-
-def _rollout_chunk(backend: Any, cfg: WarmStartConfig, specs: Sequence[tuple[str, int, str]], *, temperature: float,
-                   seed: int, source: str, max_turns: int | None, max_new_tokens: int) -> list[Demo]:
-    rng = random.Random(seed)
-    lives: list[_Live] = []
-    envs: list[Any] = []
-    try:
-        for name, s, cond in specs:
-            env = _make_env(cfg, name)
-            envs.append(env)
-            teacher = _Teacher(env, task_ids=cfg.task_ids)
-            obs, entry, facts = teacher.start(s, cond, rng)
-            demo = Demo(name, s, teacher.task, env.action_format, cond, entry, [], False, source, facts,
-                        keep_intro=keeps_intro(env))
-            lives.append(_Live(teacher, demo, obs, []))
-        turn = 0
-        while any(not lv.done for lv in lives):
-            active = [lv for lv in lives if not lv.done]
-            msgs = [_actor_prompt(cfg, lv.demo, Turn(lv.obs, lv.history, "", "")) for lv in active]
-            prompts = [backend.apply_chat_template(m, add_generation_prompt=True, tokenize=True) for m in msgs]
-            outs = backend.generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
-                                    stop=["\n"], seed=seed * 1000 + turn)
-            turn += 1
-            for lv, out in zip(active, outs):
-                _, action = P.parse_actor_reply(out.text)
-                label = lv.teacher.action(lv.demo.condition)
-                lv.demo.turns.append(Turn(lv.obs, list(lv.history), label, action))
-                lv.history.append((lv.obs, action))
-                lv.obs, _, term, trunc, info = lv.teacher.env.step(action)
-                lv.demo.invalid_actions += bool(info.get("invalid_action"))
-                if term or trunc or (max_turns is not None and len(lv.demo.turns) >= max_turns):
-                    lv.done = True
-                    lv.demo.success = bool(info.get("success"))
-                    lv.demo.final_observation = lv.obs if term or trunc else ""
-    finally:
-        for env in envs:
-            env.close()
-    return [lv.demo for lv in lives]
+    return play_episodes(cfg, [(n, s, c, 0.0) for n, s, c in specs], source=source, seed=seed, actor=backend,
+                         temperature=temperature, max_turns=max_turns, max_new_tokens=max_new_tokens)
 
 
 def _evaluate_policy(backend: Any, cfg: WarmStartConfig, max_new_tokens: int | None = None) -> tuple[dict[str, Any], list[Demo]]:

@@ -3,7 +3,7 @@ action under it; the demonstrations themselves (collect_demos) and the seeds the
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from core.types import format_entry_text
@@ -116,7 +116,7 @@ class _Teacher:
     nowhere it explores as with no entry (so a demonstration shows recovering from a wrong lesson);
     with none it explores."""
 
-    def __init__(self, env: Any, *, task_ids: bool = False) -> None:
+    def __init__(self, env: Any, *, task_ids: bool = False, levels: Any = None) -> None:
         from envs.entry_check import EntryChecker
 
         self.env = env
@@ -127,7 +127,8 @@ class _Teacher:
         self.heading = ""
         self.following = False  # walking where the entry points (MiniHack)
         self._last_pos: tuple[int, int] | None = None  # where the agent stood when it last took the entry's heading
-        self._levels = EntryChecker() if self.minihack else None  # learns each level with a long turn budget
+        # learns each level with a long turn budget; teachers of one pool share one (`levels`)
+        self._levels = (levels or EntryChecker()) if self.minihack else None
 
     def start(self, seed: int, condition: str, rng: random.Random) -> tuple[str, str, dict[str, Any]]:
         """Reset the env on `seed` (with task_ids: on task instance `seed`); returns (first observation,
@@ -193,41 +194,117 @@ def _claimed(entry: str) -> tuple[int, int] | None:
     return claimed_offset(entry)
 
 
-def _play_expert(teacher: _Teacher, env_name: str, seed: int, condition: str, eps: float, rng: random.Random, source: str) -> Demo:
-    obs, entry, facts = teacher.start(seed, condition, rng)
-    env = teacher.env
+class TeacherEnv:
+    """An env with its scripted teacher beside it, as a pool slot (envs.pool.LocalPool) the Roller plays.
+
+    Reset options: "condition" (none / correct / wrong: the entry the episode shows), "entry_seed" (the random
+    choices of a wrong entry and of noise), "noise_eps" (a scripted episode's share of random actions). Its reset
+    info names the entry ("experience": the Roller shows it, no retrieval), and every observation's info the
+    teacher's action for that state ("expert_action": the DAgger label) and the action a scripted episode takes
+    ("expert_play": the label, or a random one)."""
+
+    def __init__(self, cfg: WarmStartConfig, name: str, levels: Any = None) -> None:
+        self.env = _make_env(cfg, name)
+        self.teacher = _Teacher(self.env, task_ids=cfg.task_ids, levels=levels)
+        self.name, self.action_format, self.max_turns = name, self.env.action_format, self.env.max_turns
+        self.keep_intro = keeps_intro(self.env)
+        self.condition, self.entry, self.facts, self.eps = "none", "", {}, 0.0
+        self.rng = random.Random(0)
+
+    @property
+    def task(self) -> str:
+        return self.teacher.task or self.env.task
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        o = options or {}
+        self.condition, self.eps = str(o.get("condition", "none")), float(o.get("noise_eps", 0.0))
+        self.rng = random.Random(o.get("entry_seed", seed))
+        obs, self.entry, self.facts = self.teacher.start(int(seed or 0), self.condition, self.rng)
+        return obs, {"experience": self.entry, **self._labels()}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        obs, reward, term, trunc, info = self.env.step(action)
+        return obs, reward, term, trunc, info if term or trunc else {**info, **self._labels()}
+
+    def _labels(self) -> dict[str, str]:
+        label = self.teacher.action(self.condition)  # once per state: the teacher keeps track of its reading
+        play = self.teacher.random_action(self.rng) if self.eps > 0 and self.rng.random() < self.eps else label
+        return {"expert_action": label, "expert_play": play}
+
+    def close(self) -> None:
+        self.env.close()
+
+
+# (env name, seed or task id, condition, noise share)
+TeacherSpec = tuple[str, int, str, float]
+
+
+def play_episodes(cfg: WarmStartConfig, specs: Sequence[TeacherSpec], *, source: str, seed: int, actor: Any = None,
+                  temperature: float = 0.0, max_turns: int | None = None, max_new_tokens: int | None = None,
+                  tick: Callable[[int], None] | None = None) -> list[Demo]:
+    """Episodes on (env, seed, condition, noise) with the teacher labelling every state, played by the Roller
+    (trainers/rollout.py): by `actor` (a back end; DAgger and evaluation, `cfg.rollout_batch` episodes in lockstep)
+    or, with none, by the scripted expert (demonstrations). `max_turns` cuts episodes short (they count as
+    failures); `max_new_tokens` per reply defaults to `cfg.action_max_new_tokens`."""
+    import functools
+
+    from envs.entry_check import EntryChecker
+    from envs.pool import LocalPool
+    from trainers.config import ModelSection, RolloutSection
+    from trainers.rollout import EpisodeSpec, Roller, derive_seed
+
+    batch = cfg.rollout_batch if actor is not None else 1
+    rc = RolloutSection(history_turns=cfg.history_turns, history_chars=cfg.history_chars,
+                        search_and_ask=1 if cfg.allow_tool else 0, reuse_cache=False)
+    ac = ModelSection(max_new_tokens=max_new_tokens or cfg.action_max_new_tokens, temperature=temperature)
+    levels = EntryChecker()
+    out: list[Demo | None] = [None] * len(specs)
+    for name in dict.fromkeys(sp[0] for sp in specs):  # one pool per env, specs in their given order
+        mine = [i for i, sp in enumerate(specs) if sp[0] == name]
+        with LocalPool([functools.partial(TeacherEnv, cfg, name, levels)] * min(batch, len(mine))) as pool:
+            # search-and-ask (cfg.allow_tool) finds nothing here: the warm start has no library
+            roller = Roller(actor, pool, None, rollout_cfg=rc, actor_cfg=ac, max_turns=max_turns or 0, seed=seed,
+                            tool_fn=(lambda *a: ("", [], None)) if cfg.allow_tool else None)
+            for c in range(0, len(mine), batch):
+                chunk = mine[c : c + batch]
+                eps = roller.collect([EpisodeSpec(name, specs[i][1], False, i, options={
+                    "condition": specs[i][2], "noise_eps": specs[i][3], "entry_seed": derive_seed(seed, *specs[i][:3])})
+                    for i in chunk], step=c // batch)
+                for k, (i, ep) in enumerate(zip(chunk, eps)):
+                    out[i] = _demo(pool.envs[k], ep, source, model=actor is not None)
+                if tick:
+                    tick(len(chunk))
+    return [d for d in out if d is not None]
+
+
+def _demo(te: TeacherEnv, ep: Any, source: str, *, model: bool) -> Demo:
+    """A played episode as a demonstration: each state with the history before it, the teacher's label and the action."""
+    if ep.error:
+        raise RuntimeError(f"warm start: {ep.spec.env} seed {ep.spec.seed} failed: {ep.error.splitlines()[0]}")
     turns: list[Turn] = []
     history: list[tuple[str, str]] = []
-    info: dict[str, Any] = {}
-    while True:
-        label = teacher.action(condition)
-        taken = teacher.random_action(rng) if eps > 0 and rng.random() < eps else label
-        turns.append(Turn(obs, list(history), label, taken))
-        history.append((obs, taken))
-        obs, _, term, trunc, info = env.step(taken)
-        if term or trunc:
-            break
-    return Demo(env_name, seed, teacher.task, env.action_format, condition, entry, turns, bool(info.get("success")), source, facts,
-                keep_intro=keeps_intro(env), final_observation=obs)
+    for st in ep.traj.steps:
+        turns.append(Turn(st.observation, list(history), st.info.get("expert_action", ""), st.action))
+        history.append((st.observation, st.action))
+    return Demo(ep.spec.env, ep.spec.seed, ep.traj.task, te.action_format, te.condition, te.entry, turns, ep.traj.success,
+                source, dict(te.facts), keep_intro=te.keep_intro, invalid_actions=ep.invalid_actions if model else 0,
+                final_observation=ep.traj.final_observation)
 
 
 def collect_demos(cfg: WarmStartConfig, *, tick: Callable[[int], None] | None = None) -> list[Demo]:
     """Scripted-expert episodes from every env of `cfg` (step 1), seeds disjoint from evaluation's."""
     demos: list[Demo] = []
     for ei, name in enumerate(cfg.envs):
-        env = _make_env(cfg, name)
-        try:
-            teacher = _Teacher(env, task_ids=cfg.task_ids)
-            rng = random.Random(f"{cfg.seed}/demos/{name}")
-            for i in range(cfg.demo_episodes):
-                noisy = rng.random() < cfg.noisy_share
-                seed = _demo_seed(cfg, ei, i)
-                demos.append(_play_expert(teacher, name, seed, _condition(rng, cfg), cfg.noise_eps if noisy else 0.0,
-                                          rng, "noisy" if noisy else "expert"))
-                if tick:
-                    tick(1)
-        finally:
-            env.close()
+        rng = random.Random(f"{cfg.seed}/demos/{name}")
+        specs: list[TeacherSpec] = []
+        sources: list[str] = []
+        for i in range(cfg.demo_episodes):
+            noisy = rng.random() < cfg.noisy_share
+            specs.append((name, _demo_seed(cfg, ei, i), _condition(rng, cfg), cfg.noise_eps if noisy else 0.0))
+            sources.append("noisy" if noisy else "expert")
+        for d, src in zip(play_episodes(cfg, specs, source="expert", seed=cfg.seed, tick=tick), sources):
+            d.source = src
+            demos.append(d)
     return demos
 
 
