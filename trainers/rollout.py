@@ -122,7 +122,7 @@ class Batch:
     lives: list[_Live]
     step: int
     t0: float
-    computed0: int = 0  # the actor's prefill_computed at the start
+    computed0: int = 0  # the actor's prefill_computed when the first turn starts
     t_ret: float = 0.0
     same_task: float | None = None
     critic: dict[str, float] = field(default_factory=dict)
@@ -200,7 +200,7 @@ class Roller:
         advances a turn at a time (`collect_on` to the end; the workbench's demo one turn per click)."""
         if len({i for i, _ in pairs}) != len(pairs) or any(not 0 <= i < self.pool.num_slots for i, _ in pairs):
             raise ValueError(f"slots must be distinct and within the pool's {self.pool.num_slots}")
-        batch = Batch([], step, time.perf_counter(), computed0=getattr(self.actor, "prefill_computed", 0))
+        batch = Batch([], step, time.perf_counter())
         starts = self.pool.reset_many([(i, s.seed, s.options) for i, s in pairs])
         batch.lives = [self._start(i, s, r) for (i, s), r in zip(pairs, starts)]
         # Retrieval at episode start (METHOD.md step 1): one call, batched by the manager.
@@ -220,6 +220,7 @@ class Roller:
                 batch.same_task = sum(found) / len(found)
             if self.rc.actor_critic:
                 batch.critic = self._critique(want, hits, step)
+        batch.computed0 = getattr(self.actor, "prefill_computed", 0)  # the turns' prefill, not the critic's
         return batch
 
     def play_turn(self, batch: Batch) -> bool:
