@@ -3,8 +3,8 @@
     python benchmarks/bench_bf16_learner.py --folder comprl_data/models/smollm2-135m-instruct --rows 4 --length 600
 
 The same rows (random token ids of a real tokenizer's range, a reply mask over the last 16 tokens of
-each) through trainers/actor_step.py `row_logprobs` with LoRA, then backward, timed side by side in
-interleaved rounds on one thread; also the largest difference of the reply log-probs between the two.
+each) through trainers/backends/logprobs.py `row_logprobs` (as the actor's learner calls it) with LoRA, then
+backward, timed side by side in interleaved rounds on one thread; also the largest difference of the reply log-probs between the two.
 Writes benchmarks/results/<out>.json and .md.
 """
 from __future__ import annotations
@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)
-    from trainers.actor_step import _learner_autocast, row_logprobs
+    from trainers.actor_step import _learner_autocast
+    from trainers.backends.logprobs import row_logprobs
     from trainers.models import LoraSettings, load_backend
 
     b = load_backend("hf", args.folder, device="cpu", lora=LoraSettings(), num_threads=1)
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
             b.model.zero_grad(set_to_none=True)
             t0 = time.perf_counter()
             with _learner_autocast(b):
-                logp, _ = row_logprobs(b, ids, attn, mask)
+                logp, _ = row_logprobs(b, ids, attn, mask, entropy=True)
             (-(logp * mask).sum()).backward()
             times[mode].append(time.perf_counter() - t0)
             lps[mode] = logp.detach()

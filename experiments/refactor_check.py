@@ -2,6 +2,7 @@
 
     python experiments/refactor_check.py --before HEAD~3                 # learn, eval, tools
     python experiments/refactor_check.py --before main --cases learn,ray --keep /tmp/check
+    python experiments/refactor_check.py --before HEAD --after TREE --cases learn   # two revisions or trees
 
 Each case is a real `comprl train` (run.deterministic, 2 steps) on the same tiny untrained models and the same seeded
 library, run once in a `git archive` of REV and once in the working tree. Every logged (key, step) value must be
@@ -11,6 +12,8 @@ change nothing (issue 27) shows it with this; the same code against itself compa
 
 Cases: learn (actor step, CISPO on retrieved entries, merge), eval (held-out evaluation, merge, retrieval),
 tools (learn plus search-and-ask and the actor as critic), ray (eval on the Ray executor: env actors, rollout engine).
+The untrained policy fails every episode, so every CISPO sample's reward is -1 (0 with the critic) and its advantage 0:
+the extractor's update runs but moves nothing, and a change to its loss or log-probs shows in no number here.
 """
 from __future__ import annotations
 
@@ -125,12 +128,22 @@ def compare(case: str, a: dict, b: dict, wa: dict, wb: dict) -> bool:
     print(f"[{case}] {compared} (key, step) values compared exactly; wall-clock keys skipped: {', '.join(timed) or 'none'}")
     print(f"[{case}] keys in one run only: {keys_differ or 'none'}; values that differ: {values_differ or 'none'}; "
           f"library identical: {same_library}; weights identical: {same_weights}; {'IDENTICAL' if ok else 'DIFFERENT'}")
+    for k, s in values_differ:  # how far apart: rounding, or a real change?
+        d = abs(ma[k, s] - mb[k, s])
+        print(f"[{case}]   {k} @ step {s}: {ma[k, s]!r} -> {mb[k, s]!r} (abs {d:.3g}, rel {d / max(abs(ma[k, s]), 1e-30):.3g})")
+    for m, same in same_weights.items():
+        if not same and wa[m].keys() == wb[m].keys():
+            d = max(float((wa[m][k].double() - wb[m][k].double()).abs().max()) for k in wa[m])
+            scale = max(float(wa[m][k].double().abs().max()) for k in wa[m])
+            print(f"[{case}]   {m} weights: largest abs difference {d:.3g} (largest abs weight {scale:.3g})")
     return ok
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", default="HEAD", help="the git revision to compare the working tree with (default HEAD)")
+    ap.add_argument("--after", default="", help="a git revision or tree to compare instead of the working tree (e.g. one "
+                                                "change alone while others edit the tree: `git write-tree` of a temporary index)")
     ap.add_argument("--cases", default="learn,eval,tools", help=f"comma-separated, of: {', '.join(CASES)}")
     ap.add_argument("--keep", default="", help="keep the runs' folders here (default: a temporary folder, removed)")
     args = ap.parse_args()
@@ -144,13 +157,19 @@ def main() -> int:
         before.mkdir(parents=True, exist_ok=False)
         archive = subprocess.run(["git", "archive", args.before], cwd=ROOT, stdout=subprocess.PIPE, check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(before)], input=archive, check=True)
+        after = ROOT
+        if args.after:
+            after = base / "after-tree"
+            after.mkdir(parents=True, exist_ok=False)
+            archive = subprocess.run(["git", "archive", args.after], cwd=ROOT, stdout=subprocess.PIPE, check=True).stdout
+            subprocess.run(["tar", "-x", "-C", str(after)], input=archive, check=True)
         models = build_models(base / "models")
         ok = True
         for case in cases:
             a = run_case(before, base / "before" / case, models, case)
-            b = run_case(ROOT, base / "after" / case, models, case)
+            b = run_case(after, base / "after" / case, models, case)
             ok &= compare(case, a, b, final_weights(base / "before" / case), final_weights(base / "after" / case))
-    print(f"{args.before} vs the working tree: {'IDENTICAL' if ok else 'DIFFERENT'}")
+    print(f"{args.before} vs {args.after or 'the working tree'}: {'IDENTICAL' if ok else 'DIFFERENT'}")
     return 0 if ok else 1
 
 

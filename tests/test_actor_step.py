@@ -9,7 +9,8 @@ import torch
 
 from core.losses import clipped_surrogate_loss
 from core.types import Trajectory
-from trainers.actor_step import _tensors, actor_update, build_rows, episode_advantages, policy_gradient, reply_tensors, row_logprobs
+from trainers.actor_step import _tensors, actor_update, build_rows, episode_advantages, policy_gradient, reply_tensors
+from trainers.backends.logprobs import row_logprobs
 from trainers.config import LossSection, ModelSection
 from trainers.models import pad_right
 from trainers.rollout import Episode, EpisodeSpec, TurnSample
@@ -73,7 +74,8 @@ def test_fast_learner_forward_matches_the_full_one(tiny, shared):
     """The learner projects only reply positions onto the vocabulary (logits_to_keep) and runs the
     rows' shared leading tokens once (a repeated key/value cache); log-probs, entropy and gradients
     at the reply tokens equal those of one plain forward over every position."""
-    from trainers.actor_step import Row, shared_prefix
+    from trainers.actor_step import Row
+    from trainers.backends.logprobs import shared_prefix
     from trainers.models import PREFIX_CACHE_MIN
 
     g = torch.Generator().manual_seed(shared)
@@ -89,7 +91,7 @@ def test_fast_learner_forward_matches_the_full_one(tiny, shared):
     out = {}
     for fast in (True, False):
         tiny.model.zero_grad(set_to_none=True)
-        logp, ent = row_logprobs(tiny, ids, attn, mask if fast else None)
+        logp, ent = row_logprobs(tiny, ids, attn, mask if fast else None, entropy=True)
         (logp * mask).sum().backward()
         out[fast] = (logp.detach() * mask, ent * mask, [p.grad.clone() for p in tiny.trainable_parameters()])
     tiny.model.zero_grad(set_to_none=True)

@@ -240,6 +240,64 @@ def test_tempered_sampling_logprobs_are_the_sampling_distribution(hf):
         assert torch.allclose(tempered[i, s : s + len(o.token_ids)], torch.tensor(o.sample_logprobs), atol=1e-4)
 
 
+def _plain_logprobs(model, seqs, temperature):
+    """The obvious version: one unpadded forward per sequence, log_softmax over every position."""
+    out = []
+    for s in seqs:
+        ids = torch.tensor([s])
+        lp = torch.log_softmax(model(input_ids=ids).logits.float()[0, :-1] / temperature, dim=-1)  # (L-1, V)
+        out.append(lp.gather(-1, ids[0, 1:, None]).squeeze(-1))  # (L-1,): log p(s[t] | s[:t]), t >= 1
+    return out
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("masked", [False, True])
+def test_the_one_logprob_path_equals_a_plain_log_softmax(hf, masked, temperature):
+    """trainers/backends/logprobs.py `row_logprobs`, behind HFBackend.logprobs() and both learners (the actor's GRPO
+    step, the extractor's CISPO step), against a plain log_softmax of one unpadded forward per sequence: right padding,
+    with a loss mask (logits_to_keep and the shared-prefix cache) and without, temperature != 1; the gradients equal
+    the reference's, and logprobs() (no grad, batched) gives the same numbers."""
+    from trainers.backends.logprobs import PREFIX_CACHE_MIN, row_logprobs, shared_prefix
+    from trainers.models import pad_right
+
+    g = torch.Generator().manual_seed(5)
+    v = len(hf.tokenizer)
+    head = torch.randint(3, v, (20,), generator=g).tolist()  # a shared prompt head, long enough for the prefix cache
+    seqs = [head + torch.randint(3, v, (n,), generator=g).tolist() for n in (7, 3, 12, 5)]  # different lengths
+    replies = [2, 1, 4, 3]  # the last k tokens of each row carry the loss
+    ids, attn = pad_right(seqs, hf.pad_id)  # (4, T)
+    mask = torch.zeros(ids.shape)
+    for i, (s, k) in enumerate(zip(seqs, replies)):
+        mask[i, len(s) - k:len(s)] = 1.0
+    if masked:
+        assert hf.supports_logits_to_keep and hf.prefix_cache and shared_prefix(ids, mask) >= PREFIX_CACHE_MIN
+    on = mask if masked else torch.nn.functional.pad(attn[:, 1:], (1, 0)).float()  # where a number is due; 0 elsewhere
+    w = torch.rand(ids.shape, generator=g)  # a loss weighting each position differently
+
+    hf.model.zero_grad(set_to_none=True)
+    want = _plain_logprobs(hf.model, seqs, temperature)
+    ref = torch.zeros(ids.shape)
+    for i, r in enumerate(want):
+        ref[i, 1:len(seqs[i])] = r
+    (ref * on * w).sum().backward()
+    ref_grads = [p.grad.clone() for p in hf.trainable_parameters()]
+    hf.model.zero_grad(set_to_none=True)
+
+    logp, ent = row_logprobs(hf, ids, attn, mask if masked else None, temperature=temperature, entropy=True)
+    assert logp.requires_grad and logp.shape == ids.shape
+    assert torch.allclose(logp.detach(), ref.detach() * on, atol=1e-5)
+    assert torch.all(logp.detach()[on == 0] == 0.0) and torch.all(ent[on == 0] == 0.0) and torch.all(ent[on == 1] > 0)
+    (logp * w).sum().backward()
+    for got, exp in zip([p.grad for p in hf.trainable_parameters()], ref_grads):
+        assert torch.allclose(got, exp, atol=1e-5, rtol=1e-4)
+    hf.model.zero_grad(set_to_none=True)
+
+    scored = hf.logprobs(seqs, temperature=temperature, batch_size=3)  # no grad, batches of 3 and 1
+    assert not scored.requires_grad
+    full = torch.nn.functional.pad(attn[:, 1:], (1, 0)).float()
+    assert torch.allclose(scored, ref.detach() * full, atol=1e-5)
+
+
 def test_seed_determinism_and_top_p(hf):
     prompts = prompts_of(hf, 3) * 2
     a = hf.generate(prompts, max_new_tokens=10, temperature=1.0, seed=11)

@@ -26,7 +26,8 @@ import torch
 
 from core.advantages import batch_subgroup_advantages
 from core.losses import clipped_surrogate_loss
-from trainers.models import PREFIX_CACHE_MIN, pad_right
+from trainers.backends.logprobs import row_logprobs
+from trainers.models import pad_right
 from trainers.rollout import Episode
 
 
@@ -99,58 +100,6 @@ def _tensors(rows: Sequence[Row], pad_id: int) -> tuple[torch.Tensor, torch.Tens
     return reply_tensors([(r.ids[:r.start], r.ids[r.start:], r.old) for r in rows], pad_id)
 
 
-def shared_prefix(ids: torch.Tensor, mask: torch.Tensor) -> int:
-    """How many leading tokens every row has in common, stopping before the position that predicts
-    the first reply token (its logits are needed). ids, mask (N, T)."""
-    same = (ids == ids[:1]).all(0).long().cumprod(0)  # (T,): 1 while every row agrees
-    first_reply = int(mask.any(0).long().argmax())  # the earliest masked position over the rows
-    return min(int(same.sum()), max(0, first_reply - 1))
-
-
-def row_logprobs(backend, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logp (N, T) with logp[:, t] = log p(ids[t] | ids[:t]) and 0 at t = 0, entropy (N, T) of that prediction).
-
-    With a loss mask (N, T), two savings that change no number beyond float rounding:
-    - only the positions that predict a masked token go through the output layer and the softmax
-      (`logits_to_keep`): a turn's prompt is ~200x its reply;
-    - the rows' shared leading tokens (the system prompt and task, ~a third of a MiniHack turn) run
-      once, as a key/value cache repeated over the rows; gradients flow back through it.
-    logp and entropy are 0 off the mask then. Without a mask (or a model whose forward lacks
-    `logits_to_keep`) every position is computed."""
-    n, t = ids.shape
-    ids_d, attn_d = ids.to(backend.device), attn.to(backend.device)
-    logp = torch.zeros((n, t), device=backend.device)
-    ent = torch.zeros((n, t), device=backend.device)
-    if mask is not None and getattr(backend, "supports_logits_to_keep", False):
-        keep = torch.nonzero(mask[:, 1:].any(0)).squeeze(-1)  # (P,) positions whose next token is a reply token in some row
-        prefix = shared_prefix(ids, mask) if n > 1 and getattr(backend, "prefix_cache", False) else 0
-        kw = {}
-        if prefix >= PREFIX_CACHE_MIN:  # the sampler's threshold too: below it the extra call costs more than it saves
-            out = backend.model(input_ids=ids_d[:1, :prefix], use_cache=True)
-            cache = getattr(out, "cache", None)  # transformers 5; `past_key_values` before
-            if cache is None:
-                cache = out.past_key_values
-            cache.batch_repeat_interleave(n)  # (1, ...) -> (N, ...), differentiable
-            kw = {backend.cache_kw: cache, "use_cache": True}
-        else:
-            prefix = 0
-        logits = backend.model(input_ids=ids_d[:, prefix:], attention_mask=attn_d,
-                               logits_to_keep=(keep - prefix).to(backend.device), **kw).logits.float()  # (N, P, V)
-        lp_all = torch.log_softmax(logits, dim=-1)
-        tgt = ids_d[:, keep + 1]  # (N, P)
-        on = mask[:, keep + 1].to(backend.device)  # (N, P): the kept positions that are this row's reply
-        logp = logp.index_put((torch.arange(n)[:, None], (keep + 1)[None, :]), lp_all.gather(-1, tgt[..., None]).squeeze(-1) * on)
-        with torch.no_grad():
-            ent[:, keep + 1] = -(lp_all.exp() * lp_all).sum(-1) * on
-        return logp, ent
-    logits = backend.model(input_ids=ids_d, attention_mask=attn_d).logits.float()
-    lp_all = torch.log_softmax(logits[:, :-1], dim=-1)  # (N, T-1, V)
-    logp[:, 1:] = lp_all.gather(-1, ids_d[:, 1:, None]).squeeze(-1)
-    with torch.no_grad():
-        ent[:, 1:] = -(lp_all.exp() * lp_all).sum(-1)
-    return logp, ent
-
-
 def _learner_autocast(backend):
     """bf16 autocast around the learner's forward on a CPU (actor.cpu_bf16_autocast): matmuls in bf16, the
     log-softmax in fp32. Faster on CPUs with bf16 units; the ratio to the fp32 sampling log-probs then
@@ -179,7 +128,7 @@ def policy_gradient(backend, rows: Sequence[Row], loss_cfg, micro_batch: int) ->
             mb = g[s:s + micro_batch]
             ids, attn, mask, old = _tensors(mb, backend.pad_id)
             with _learner_autocast(backend):
-                logp, ent = row_logprobs(backend, ids, attn, mask)
+                logp, ent = row_logprobs(backend, ids, attn, mask, entropy=True)  # (N, T) each, 0 off the mask
             mask_d, old_d = mask.to(backend.device), old.to(backend.device)
             a = torch.tensor([r.adv for r in mb], dtype=torch.float32, device=backend.device)  # (N,)
             loss_mb, st = clipped_surrogate_loss(logp, old_d, a, mask_d, None, eps=loss_cfg.eps, level=loss_cfg.ratio_level)

@@ -38,6 +38,7 @@ from core.store import ExperienceStore
 from core.types import Experience, Generation, Operation, Source
 from trainers import prompts as P
 from trainers.actor_step import reply_tensors, warmed_lr
+from trainers.backends.logprobs import row_logprobs
 from trainers.config import resolve_model_path
 from trainers.models import HFBackend, LoraSettings, inference_backend, load_backend
 from trainers.parsing import Parsed, parse_extraction, parse_merge, parse_merge_answer, parse_rewrite
@@ -263,7 +264,6 @@ class ExperienceLoop:
         adv = extractor_advantages(rewards, weights)  # (N,) = (r − mean_batch r) · w
         model = self.backend.model
         mb = self.xc.model.micro_batch
-        seqs = [s.prompt_ids + s.response_ids for s in batch]
         n_tok = float(sum(len(s.response_ids) for s in batch))  # the batch's reply tokens: the loss is their mean
         total = 0.0
         logps = []
@@ -273,13 +273,11 @@ class ExperienceLoop:
             self.optimizer.zero_grad(set_to_none=True)
             for s in range(0, len(batch), mb):
                 sl = slice(s, s + mb)
-                _, _, m, o = reply_tensors([(x.prompt_ids, x.response_ids, x.old_logprobs) for x in batch[sl]],
-                                           self.backend.pad_id)  # loss mask and old log-probs (n, T)
-                # (n, T) right-padded like the mask. Not the actor's row_logprobs: its log_softmax (and logits_to_keep,
-                # shared-prefix cache) round differently from this logits - logsumexp, by up to ~5e-7 per token on the
-                # tiny model, which would change every CISPO number of a run.
-                lp = self.backend.logprobs(seqs[sl], grad=True)
-                loss = cispo_loss(lp, o, adv[sl], m, eps_low=self.xc.eps_low, eps_high=self.xc.eps_high) * (float(m.sum()) / max(n_tok, 1))
+                ids, attn, m, o = reply_tensors([(x.prompt_ids, x.response_ids, x.old_logprobs) for x in batch[sl]],
+                                                self.backend.pad_id)  # ids, attention, loss mask, old log-probs (n, T)
+                lp, _ = row_logprobs(self.backend, ids, attn, m)  # (n, T), 0 off the mask
+                m, o = m.to(lp.device), o.to(lp.device)  # the learner's device (a GPU too)
+                loss = cispo_loss(lp, o, adv[sl].to(lp.device), m, eps_low=self.xc.eps_low, eps_high=self.xc.eps_high) * (float(m.sum()) / max(n_tok, 1))
                 loss.backward()
                 total += float(loss.detach())
                 logps.append((lp.detach(), o, m))

@@ -14,6 +14,8 @@ from torch import Tensor
 
 from trainers.backends.choices import ActionChoice
 
+PREFIX_CACHE_MIN = 16  # shared prompt tokens below which running them once saves less than the extra call (sampler and learner)
+
 
 class BackendError(RuntimeError):
     """A model back end cannot be built or asked for this; the message says what to do."""

@@ -1,6 +1,7 @@
 """The hf back end: transformers on CPU or CUDA with our own batched sampling loop (KV cache, left padding,
-explicit position ids, shared-prefix and identical-prompt prefill, episode sessions, constrained rows), and the
-learner's log-probs and in-place weight loading. Plus the transformers cache helpers it needs."""
+explicit position ids, shared-prefix and identical-prompt prefill, episode sessions, constrained rows), scoring
+given sequences (the computation, shared with the learners, is logprobs.py) and in-place weight loading. Plus the
+transformers cache helpers it needs."""
 from __future__ import annotations
 
 import inspect
@@ -15,6 +16,7 @@ from torch import Tensor
 
 from trainers.backends.choices import ActionChoice, ChoiceState, ChoiceVocab, as_choice
 from trainers.backends.common import (
+    PREFIX_CACHE_MIN,
     BackendError,
     GenerationOutput,
     LoraSettings,
@@ -28,8 +30,7 @@ from trainers.backends.common import (
     read_weights,
     write_weights,
 )
-
-PREFIX_CACHE_MIN = 16  # shared prompt tokens below which running them once saves less than the extra call (sampler and learner)
+from trainers.backends.logprobs import row_logprobs
 
 
 def _common_prefix(prompts: Sequence[Sequence[int]]) -> int:
@@ -435,30 +436,23 @@ class HFBackend:
 
         out[i, t] = log p(seq_i[t] | seq_i[:t]) for 1 <= t < len(seq_i); 0 at t = 0 and on padding.
         Aligned with the token positions, so a loss mask (N, T) built over the same ids applies
-        directly. With grad=True the result carries the graph (the learner's forward); otherwise it
-        runs under no_grad in batches of `batch_size`.
+        directly. With grad=True the result carries the graph; otherwise it runs under no_grad in
+        batches of `batch_size`. trainers/backends/logprobs.py computes them (the learners call it with their loss mask).
         """
         if not sequences:
             return torch.zeros((0, 0))
         ids, attn = pad_right(sequences, self.pad_id)  # (N, T)
         if grad:
-            return self._logprobs_batch(ids, attn, temperature)
+            return row_logprobs(self, ids, attn, temperature=temperature)[0]
         bs = batch_size or self.max_batch_size
-        with torch.no_grad(), self.lock:
-            parts = [self._logprobs_batch(ids[s : s + bs], attn[s : s + bs], temperature) for s in range(0, ids.shape[0], bs)]
         width = ids.shape[1]
-        return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts], dim=0)
-
-    def _logprobs_batch(self, ids: Tensor, attn: Tensor, temperature: float) -> Tensor:
-        width = int(attn.sum(-1).max().item())
-        ids, attn = ids[:, :width].to(self.device), attn[:, :width].to(self.device)
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)  # right padding: 0..len-1, pads repeat the last
-        logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits  # (N, T, V)
-        logits = logits[:, :-1].float() / temperature  # (N, T-1, V) predicts tokens 1..T-1
-        tgt = ids[:, 1:]
-        lp = logits.gather(-1, tgt[..., None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # (N, T-1)
-        lp = lp * attn[:, 1:].to(lp.dtype)
-        return torch.nn.functional.pad(lp, (1, 0))  # (N, T): position 0 has no prediction
+        parts = []
+        with torch.no_grad(), self.lock:
+            for s in range(0, ids.shape[0], bs):
+                w = int(attn[s : s + bs].sum(-1).max())  # this batch's longest row: no all-padding columns
+                lp = row_logprobs(self, ids[s : s + bs, :w], attn[s : s + bs, :w], temperature=temperature)[0]
+                parts.append(torch.nn.functional.pad(lp, (0, width - w)))
+        return torch.cat(parts, dim=0)
 
     # -- weights
 

@@ -1,0 +1,71 @@
+"""The one computation of per-token log-probs of given sequences under an hf model: scoring
+(`HFBackend.logprobs`), the actor's GRPO step (trainers/actor_step.py) and the extractor's CISPO step
+(trainers/extractor.py) all call `row_logprobs`.
+
+    logp, ent = row_logprobs(backend, ids, attn, mask, entropy=True)   # ids, attn, mask (N, T) right-padded
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from trainers.backends.common import PREFIX_CACHE_MIN
+
+
+def shared_prefix(ids: Tensor, mask: Tensor) -> int:
+    """How many leading tokens every row has in common, stopping before the position that predicts
+    the first masked token (its logits are needed). ids, mask (N, T)."""
+    same = (ids == ids[:1]).all(0).long().cumprod(0)  # (T,): 1 while every row agrees
+    first = int(mask.any(0).long().argmax())  # the earliest masked position over the rows
+    return min(int(same.sum()), max(0, first - 1))
+
+
+def row_logprobs(backend: Any, ids: Tensor, attn: Tensor, mask: Tensor | None = None, *, temperature: float = 1.0,
+                 entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+    """backend: an HFBackend (its model, device, cache keyword and the two switches below). ids, attn (N, T)
+    right-padded -> (logp (N, T) with logp[:, t] = log p(ids[t] | ids[:t]) under the logits divided by
+    `temperature`, 0 at t = 0 and on padding; with entropy=True the entropy (N, T) of each of those predictions,
+    without a graph, else None). logp keeps the graph unless the caller runs under no_grad.
+
+    With a loss mask (N, T), two savings that change no number beyond float rounding:
+    - only the positions that predict a masked token go through the output layer and the softmax
+      (`logits_to_keep`, where the model's forward has it): a turn's prompt is ~200x its reply;
+    - the rows' shared leading tokens (the system prompt and task, ~a third of a MiniHack turn) run
+      once, as a key/value cache repeated over the rows (`backend.prefix_cache`); gradients flow back through it.
+    logp and entropy are 0 off the mask then. Without a mask every position is computed."""
+    n, t = ids.shape
+    ids_d, attn_d = ids.to(backend.device), attn.to(backend.device)
+    logp = torch.zeros((n, t), device=backend.device)
+    ent = torch.zeros((n, t), device=backend.device) if entropy else None
+    if mask is not None and backend.supports_logits_to_keep:
+        keep = torch.nonzero(mask[:, 1:].any(0)).squeeze(-1)  # (P,) positions whose next token is masked in some row
+        prefix = shared_prefix(ids, mask) if n > 1 and backend.prefix_cache else 0
+        kw: dict[str, Any] = {"use_cache": False}
+        if prefix >= PREFIX_CACHE_MIN:  # the sampler's threshold too: below it the extra call costs more than it saves
+            out = backend.model(input_ids=ids_d[:1, :prefix], use_cache=True)
+            cache = getattr(out, "cache", None)  # transformers 5; `past_key_values` before
+            if cache is None:
+                cache = out.past_key_values
+            cache.batch_repeat_interleave(n)  # (1, ...) -> (N, ...), differentiable
+            kw = {backend.cache_kw: cache, "use_cache": True}
+        else:
+            prefix = 0
+        logits = backend.model(input_ids=ids_d[:, prefix:], attention_mask=attn_d,
+                               logits_to_keep=(keep - prefix).to(backend.device), **kw).logits.float()  # (N, P, V)
+        at = keep + 1  # (P,) the positions predicted
+        on = mask[:, at].to(backend.device)  # (N, P): the kept positions that are this row's masked tokens
+    else:
+        logits = backend.model(input_ids=ids_d, attention_mask=attn_d, use_cache=False).logits[:, :-1].float()  # (N, T-1, V)
+        at = torch.arange(1, t)
+        on = attn_d[:, 1:].float()  # (N, T-1): 0 on padding
+    if temperature != 1.0:
+        logits = logits / temperature
+    lp_all = torch.log_softmax(logits, dim=-1)
+    picked = lp_all.gather(-1, ids_d[:, at, None]).squeeze(-1) * on  # (N, P)
+    logp = logp.index_put((torch.arange(n)[:, None], at[None, :]), picked)
+    if ent is not None:
+        with torch.no_grad():
+            ent[:, at] = -(lp_all.exp() * lp_all).sum(-1) * on
+    return logp, ent
