@@ -104,7 +104,9 @@ def run_arm(src: Path, work: Path, name: str, cfg, data_dir: str) -> dict:
     mgr = eval_manager(store, cfg)
     mgr.sync(full=True)
     runs = store.list_runs()
-    loop = ExperienceLoop(cfg, store, mgr, data_dir=Path(data_dir), run_id=min(r["id"] for r in runs) if runs else None)
+    loop = ExperienceLoop(cfg.extractor, cfg.library, store, mgr, seed=cfg.run.seed, threads=cfg.run.threads,
+                          trains=cfg.trains_extractor, deterministic=cfg.run.deterministic, data_dir=Path(data_dir),
+                          run_id=min(r["id"] for r in runs) if runs else None)
     try:
         t0 = time.perf_counter()
         m = loop.merge(STEP)

@@ -34,7 +34,8 @@ def loop(tmp_path, store, embedder):
                            "extractor": {"model": {"path": str(tmp_path / "extractor"), "max_new_tokens": 12}, "buffer_size": 4}})
     mgr = ExperienceManager(store, embedder, ManagerConfig(random_demote=False), IndexConfig(use_gpu="never"))
     run = store.create_run("t")
-    lp = ExperienceLoop(cfg, store, mgr, data_dir=tmp_path, run_id=run)
+    lp = ExperienceLoop(cfg.extractor, cfg.library, store, mgr, seed=cfg.run.seed, threads=cfg.run.threads,
+                        trains=cfg.trains_extractor, deterministic=cfg.run.deterministic, data_dir=tmp_path, run_id=run)
     yield lp
     lp.close()
     mgr.close()
@@ -159,8 +160,7 @@ def test_merge_decides_the_walks_of_every_task_in_one_batched_call(loop, store):
     def answer(prompt):  # merge the chunk's first two entries
         return ans([{"function": "merge", "idx_list": [0, 1]}]) if re.search(r"^\[1\] ", prompt, re.M) else ans([])
 
-    loop.cfg = dataclasses.replace(loop.cfg, library=dataclasses.replace(
-        loop.cfg.library, merge=dataclasses.replace(loop.cfg.library.merge, order="id", batch=8)))
+    loop.library = dataclasses.replace(loop.library, merge=dataclasses.replace(loop.library.merge, order="id", batch=8))
     loop.infer = TeacherForced(loop.backend, answer)
     rep = loop.merge(step=5)
     assert loop.infer.batches[0] == 2  # both tasks' first chunks in one call
@@ -253,7 +253,9 @@ def test_the_extractor_reads_lora_weight_decay_and_lr_warmup(tmp_path, store, em
                            "extractor": {"model": {"path": str(tmp_path / "extractor"), "max_new_tokens": 8, "lr": 1e-3,
                                                    "lora": True, "weight_decay": 0.1, "lr_warmup": 4}}})
     mgr = ExperienceManager(store, embedder, ManagerConfig(random_demote=False), IndexConfig(use_gpu="never"))
-    lp = ExperienceLoop(cfg, store, mgr, data_dir=tmp_path, run_id=store.create_run("t"))
+    lp = ExperienceLoop(cfg.extractor, cfg.library, store, mgr, seed=cfg.run.seed, threads=cfg.run.threads,
+                        trains=cfg.trains_extractor, deterministic=cfg.run.deterministic, data_dir=tmp_path,
+                        run_id=store.create_run("t"))
     try:
         assert lp.backend.lora is not None
         names = [n for n, p in lp.backend.model.named_parameters() if p.requires_grad]

@@ -100,8 +100,9 @@ def train(ctx: RunContext) -> None:
         else:
             manager = ExperienceManager(ctx.store, Embedder(cfg.library.embedding), cfg.library.manager, cfg.library.index,
                                         seed=cfg.run.seed)
-        experience = ExperienceLoop(cfg, ctx.store, manager, data_dir=ctx.data_dir, run_id=ctx.run_id,
-                                    checkpoint=ckpt)
+        experience = ExperienceLoop(cfg.extractor, cfg.library, ctx.store, manager, seed=cfg.run.seed, threads=cfg.run.threads,
+                                    trains=cfg.trains_extractor, deterministic=cfg.run.deterministic,
+                                    data_dir=ctx.data_dir, run_id=ctx.run_id, checkpoint=ckpt)
     slots = pool_slots(cfg)
     router = SlotRouter(slots)
     factories = [env_factory(n, cfg) for n in slots]

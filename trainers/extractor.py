@@ -1,6 +1,7 @@
 """The experience extractor: distillation, search-and-ask rewrites, merges, and its CISPO learner.
 
-    loop = ExperienceLoop(cfg, store, manager, data_dir=..., run_id=...)
+    loop = ExperienceLoop(cfg.extractor, cfg.library, store, manager, seed=cfg.run.seed, threads=cfg.run.threads,
+                          trains=cfg.trains_extractor, deterministic=cfg.run.deterministic, data_dir=..., run_id=...)
     loop.score(episodes, step)               # credit retrieved entries with outcomes; their CISPO samples into the buffer
     loop.queue_distillation(episodes, step)  # every episode to the background distiller (a deterministic run waits)
     loop.maybe_update(step)                  # CISPO when the buffer holds extractor.buffer_size samples
@@ -31,6 +32,7 @@ from typing import Any, Sequence
 import torch
 
 from core.advantages import critic_entry_rewards, entry_rewards, experience_free_baseline, extractor_advantages, weights_for_entries
+from core.config import LibraryConfig
 from core.losses import cispo_loss, cispo_stats
 from core.manager import ExperienceManager, OpContext
 from core.merge import MergeReport, merge_walks, similarity_order, split_walks
@@ -39,7 +41,7 @@ from core.types import Experience, Generation, Operation, Source
 from trainers import prompts as P
 from trainers.actor_step import reply_tensors, warmed_lr
 from trainers.backends.logprobs import row_logprobs
-from trainers.config import resolve_model_path
+from trainers.config import ExtractorSection, resolve_model_path
 from trainers.models import HFBackend, LoraSettings, inference_backend, load_backend
 from trainers.parsing import Parsed, parse_extraction, parse_merge, parse_merge_answer, parse_rewrite
 from trainers.rollout import Episode, derive_seed
@@ -60,18 +62,24 @@ class Sample:
 
 
 class ExperienceLoop:
-    def __init__(self, cfg, store: ExperienceStore, manager: ExperienceManager, *, data_dir: Path, run_id: int,
+    def __init__(self, xc: ExtractorSection, library: LibraryConfig, store: ExperienceStore, manager: ExperienceManager, *,
+                 seed: int, threads: int, trains: bool, deterministic: bool, data_dir: Path, run_id: int,
                  checkpoint: Path | None = None):
-        self.cfg = cfg
-        self.xc = cfg.extractor
+        """xc: the run's extractor section; library: its library section (the manager's text limit, merges); seed: the
+        run's one seed, every sampling seed here derives from it (derive_seed); threads: torch CPU threads (0 = torch's
+        default); trains: this variant trains the extractor (RunConfig.trains_extractor); deterministic: run.deterministic,
+        distillation is waited for after every queued batch."""
+        self.xc = xc
+        self.library = library
         self.store = store
         self.manager = manager
         self.run_id = run_id
-        self.seed = cfg.run.seed  # the run's one seed: every sampling seed here derives from it (derive_seed)
+        self.seed = seed
+        self.deterministic = deterministic
         self.templates = P.load_templates(self.xc.templates_file or None)
         path = str(checkpoint / "extractor") if checkpoint is not None and (checkpoint / "extractor").exists() \
             else resolve_model_path(self.xc.model.path, data_dir)
-        self.trains = cfg.trains_extractor
+        self.trains = trains
         if self.xc.model.backend == "openai":
             # A frozen extractor on an OpenAI-compatible endpoint (RunConfig refuses it for a training variant):
             # distillation, merges and search-and-ask rewrites are generated there; no local weights are loaded.
@@ -80,7 +88,7 @@ class ExperienceLoop:
         else:
             # the learner; LoRA, weight decay and the warm-up are read as for the actor (trainers/cotrain.py)
             self.backend = HFBackend(path, device=self.xc.model.device, lora=LoraSettings() if self.xc.model.lora else None,
-                                     num_threads=cfg.run.threads or None)
+                                     num_threads=threads or None)
             self.infer = self.backend  # what generates; vLLM when configured, synced after every update
             if self.xc.model.backend == "vllm":
                 self.infer = load_backend("vllm", path)
@@ -121,7 +129,7 @@ class ExperienceLoop:
                 self.counters["dropped"] += 1
                 continue
             self._queue.put((e, step))
-        if self.cfg.run.deterministic:
+        if self.deterministic:
             self.wait_idle()  # reproducible runs: the library after step t does not depend on thread timing
 
     def _consume(self) -> None:
@@ -163,7 +171,7 @@ class ExperienceLoop:
         gens = self._generate(users, seed=derive_seed(self.seed, work[0][1], "distil", len(users)))
         results = []
         for (e, step), ids, g in zip(work, prev_ids, gens):
-            parsed = parse_extraction(g.response, ids, budget=self.xc.op_budget, max_chars=self.cfg.library.manager.max_text_chars)
+            parsed = parse_extraction(g.response, ids, budget=self.xc.op_budget, max_chars=self.library.manager.max_text_chars)
             results.append(parsed)
             with self._lock:
                 self.counters["distilled"] += 1
@@ -309,7 +317,7 @@ class ExperienceLoop:
         chunks per batched generation."""
         self.wait_idle()
         self.manager.sync()  # entries written without embeddings (UI, import) get them before the ordering
-        mc = self.cfg.library.merge
+        mc = self.library.merge
         before = self.store.count()
         t0 = time.perf_counter()
         tasks: dict[tuple[str, str], list[Experience]] = {}
