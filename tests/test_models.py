@@ -298,6 +298,59 @@ def test_the_one_logprob_path_equals_a_plain_log_softmax(hf, masked, temperature
     assert torch.allclose(scored, ref.detach() * full, atol=1e-5)
 
 
+def test_warmstart_sft_losses_equal_plain_cross_entropy_step_by_step():
+    """_sft's losses come from trainers/backends/logprobs.py (no prompt weight: only the target's positions reach the
+    output layer, the shared system prompt runs once). Six steps match plain F.cross_entropy over every position's
+    logits (target + weight x prompt's next tokens) trained beside it (same batches, clipping, AdamW) within 1e-5."""
+    import copy
+    import random
+
+    from trainers import warmstart as W
+    from trainers.backends.logprobs import PREFIX_CACHE_MIN, forward_switches, shared_prefix
+
+    system = "You play a maze. Each turn, answer with one compass word; the entry, if any, says where to go."
+    tasks = [f"Task {i}: reach the {w} stairs." + " Dark." * i for i, w in enumerate(["north", "far", "east", "odd", "west"])]
+    tok = build_tokenizer([system] + tasks + ["north", "south east"], vocab_size=300)
+    examples = [W._join(tok, W._chat_ids(tok, [{"role": "system", "content": system}, {"role": "user", "content": t}]),
+                        " south east" if i % 2 else " north", "t") for i, t in enumerate(tasks)]
+    pad, cfg, steps = int(tok.pad_token_id), W.WarmStartConfig(lr=3e-3, warmup_steps=2), 6
+
+    def padded(batch):
+        ids = torch.full((len(batch), max(len(e.input_ids) for e in batch)), pad)  # (B, T) right-padded
+        labels, attn = torch.full_like(ids, W.IGNORE), torch.zeros_like(ids)
+        for i, e in enumerate(batch):
+            ids[i, :len(e.input_ids)], labels[i, :len(e.labels)], attn[i, :len(e.input_ids)] = (
+                torch.tensor(e.input_ids), torch.tensor(e.labels), 1)
+        return ids, labels, attn
+
+    model0, (ids, labels, _) = build_tiny_qwen2(tok, 32, 2, 2, 1, max_pos=512, seed=0), padded(examples)
+    assert forward_switches(model0)["logits_to_keep"] and forward_switches(model0)["prefix_cache"]  # the fast path
+    assert shared_prefix(ids, labels != W.IGNORE) >= PREFIX_CACHE_MIN
+    runs = {}
+    for w in (0.0, 1.0):
+        model, ref = copy.deepcopy(model0), copy.deepcopy(model0)
+        ref_opt = torch.optim.AdamW(ref.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+        opt, got, want = None, [], []
+        for s in range(steps):
+            opt, (loss,) = W._sft(model, examples, 1, cfg, pad_id=pad, seed=s, batch_size=4, start_step=s,
+                                  total_steps=steps, optimizer=opt, prompt_loss_weight=w)
+            got.append(loss)
+            rng = random.Random(s)  # _sft's draw for this step
+            ids, labels, attn = padded([examples[rng.randrange(len(examples))] for _ in range(4)])
+            flat = ref(input_ids=ids, attention_mask=attn).logits[:, :-1].reshape(-1, len(tok))  # (B*(T-1), V)
+            target = torch.nn.functional.cross_entropy(flat, labels[:, 1:].reshape(-1), ignore_index=W.IGNORE)
+            prompt = ((labels[:, 1:] == W.IGNORE) & (attn[:, 1:] == 1)).reshape(-1)
+            ref_opt.zero_grad()
+            (target + w * torch.nn.functional.cross_entropy(flat[prompt], ids[:, 1:].reshape(-1)[prompt])).backward()
+            torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
+            ref_opt.param_groups[0]["lr"] = opt.param_groups[0]["lr"]  # the step's scheduled rate
+            ref_opt.step()
+            want.append(target.item())
+        assert got == pytest.approx(want, abs=1e-5), w
+        runs[w] = got
+    assert runs[0.0][0] == runs[1.0][0] and abs(runs[0.0][-1] - runs[1.0][-1]) > 1e-3  # the weight shows
+
+
 def test_seed_determinism_and_top_p(hf):
     prompts = prompts_of(hf, 3) * 2
     a = hf.generate(prompts, max_new_tokens=10, temperature=1.0, seed=11)

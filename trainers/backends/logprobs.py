@@ -1,17 +1,32 @@
 """The one computation of per-token log-probs of given sequences under an hf model: scoring
 (`HFBackend.logprobs`), the actor's GRPO step (trainers/actor_step.py) and the extractor's CISPO step
-(trainers/extractor.py) all call `row_logprobs`.
+(trainers/extractor.py) call `row_logprobs` on a backend; the warm start's SFT (trainers/warmstart/sft.py), which
+trains a bare model, calls `model_logprobs` with the same switches given explicitly (`forward_switches`).
 
     logp, ent = row_logprobs(backend, ids, attn, mask, entropy=True)   # ids, attn, mask (N, T) right-padded
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from trainers.backends.common import PREFIX_CACHE_MIN
+
+
+def forward_switches(model: Any) -> dict[str, Any]:
+    """`model_logprobs`'s keywords for a bare hf model (the warm start's SFT), read off it as HFBackend reads its
+    own: its device; whether its forward takes `logits_to_keep`; whether this transformers' key/value cache can be
+    repeated over rows (the prefix cache); the forward's cache keyword (`cache` in transformers 5, before
+    `past_key_values`)."""
+    from transformers import DynamicCache
+
+    fwd = inspect.signature(model.forward).parameters
+    return {"device": model.device, "logits_to_keep": "logits_to_keep" in fwd,
+            "prefix_cache": hasattr(DynamicCache, "batch_repeat_interleave"),
+            "cache_kw": "cache" if "cache" in fwd else "past_key_values"}
 
 
 def shared_prefix(ids: Tensor, mask: Tensor) -> int:
@@ -24,40 +39,51 @@ def shared_prefix(ids: Tensor, mask: Tensor) -> int:
 
 def row_logprobs(backend: Any, ids: Tensor, attn: Tensor, mask: Tensor | None = None, *, temperature: float = 1.0,
                  entropy: bool = False) -> tuple[Tensor, Tensor | None]:
-    """backend: an HFBackend (its model, device, cache keyword and the two switches below). ids, attn (N, T)
-    right-padded -> (logp (N, T) with logp[:, t] = log p(ids[t] | ids[:t]) under the logits divided by
-    `temperature`, 0 at t = 0 and on padding; with entropy=True the entropy (N, T) of each of those predictions,
-    without a graph, else None). logp keeps the graph unless the caller runs under no_grad.
+    """`model_logprobs` of an HFBackend's model, with the backend's device, cache keyword and its two switches
+    (`supports_logits_to_keep`, `prefix_cache`), read at the call: a benchmark may turn them off."""
+    return model_logprobs(backend.model, ids, attn, mask, device=backend.device,
+                          logits_to_keep=backend.supports_logits_to_keep, prefix_cache=backend.prefix_cache,
+                          cache_kw=backend.cache_kw, temperature=temperature, entropy=entropy)
+
+
+def model_logprobs(model: Any, ids: Tensor, attn: Tensor, mask: Tensor | None = None, *, device: torch.device,
+                   logits_to_keep: bool, prefix_cache: bool, cache_kw: str, temperature: float = 1.0,
+                   entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+    """model: an hf causal LM on `device`. ids, attn (N, T) right-padded -> (logp (N, T) with
+    logp[:, t] = log p(ids[t] | ids[:t]) under the logits divided by `temperature`, 0 at t = 0 and on padding;
+    with entropy=True the entropy (N, T) of each of those predictions, without a graph, else None). logp keeps
+    the graph unless the caller runs under no_grad.
 
     With a loss mask (N, T), two savings that change no number beyond float rounding:
     - only the positions that predict a masked token go through the output layer and the softmax
-      (`logits_to_keep`, where the model's forward has it): a turn's prompt is ~200x its reply;
+      (`logits_to_keep`: the model's forward takes that keyword): a turn's prompt is ~200x its reply;
     - the rows' shared leading tokens (the system prompt and task, ~a third of a MiniHack turn) run
-      once, as a key/value cache repeated over the rows (`backend.prefix_cache`); gradients flow back through it.
+      once, as a key/value cache repeated over the rows (`prefix_cache`, passed to the forward as `cache_kw`);
+      gradients flow back through it.
     logp and entropy are 0 off the mask then. Without a mask every position is computed."""
     n, t = ids.shape
-    ids_d, attn_d = ids.to(backend.device), attn.to(backend.device)
-    logp = torch.zeros((n, t), device=backend.device)
-    ent = torch.zeros((n, t), device=backend.device) if entropy else None
-    if mask is not None and backend.supports_logits_to_keep:
+    ids_d, attn_d = ids.to(device), attn.to(device)
+    logp = torch.zeros((n, t), device=device)
+    ent = torch.zeros((n, t), device=device) if entropy else None
+    if mask is not None and logits_to_keep:
         keep = torch.nonzero(mask[:, 1:].any(0)).squeeze(-1)  # (P,) positions whose next token is masked in some row
-        prefix = shared_prefix(ids, mask) if n > 1 and backend.prefix_cache else 0
+        prefix = shared_prefix(ids, mask) if n > 1 and prefix_cache else 0
         kw: dict[str, Any] = {"use_cache": False}
         if prefix >= PREFIX_CACHE_MIN:  # the sampler's threshold too: below it the extra call costs more than it saves
-            out = backend.model(input_ids=ids_d[:1, :prefix], use_cache=True)
+            out = model(input_ids=ids_d[:1, :prefix], use_cache=True)
             cache = getattr(out, "cache", None)  # transformers 5; `past_key_values` before
             if cache is None:
                 cache = out.past_key_values
             cache.batch_repeat_interleave(n)  # (1, ...) -> (N, ...), differentiable
-            kw = {backend.cache_kw: cache, "use_cache": True}
+            kw = {cache_kw: cache, "use_cache": True}
         else:
             prefix = 0
-        logits = backend.model(input_ids=ids_d[:, prefix:], attention_mask=attn_d,
-                               logits_to_keep=(keep - prefix).to(backend.device), **kw).logits.float()  # (N, P, V)
+        logits = model(input_ids=ids_d[:, prefix:], attention_mask=attn_d,
+                       logits_to_keep=(keep - prefix).to(device), **kw).logits.float()  # (N, P, V)
         at = keep + 1  # (P,) the positions predicted
-        on = mask[:, at].to(backend.device)  # (N, P): the kept positions that are this row's masked tokens
+        on = mask[:, at].to(device)  # (N, P): the kept positions that are this row's masked tokens
     else:
-        logits = backend.model(input_ids=ids_d, attention_mask=attn_d, use_cache=False).logits[:, :-1].float()  # (N, T-1, V)
+        logits = model(input_ids=ids_d, attention_mask=attn_d, use_cache=False).logits[:, :-1].float()  # (N, T-1, V)
         at = torch.arange(1, t)
         on = attn_d[:, 1:].float()  # (N, T-1): 0 on padding
     if temperature != 1.0:
