@@ -189,3 +189,23 @@ def test_a_run_that_differs_from_the_embedded_build_is_told_where():
     assert any("extractor.op_budget is 5" in l for l in lines) and any("allow_tool False" in l for l in lines)
     mine = load_run_config(default, overrides={"actor": {"path": "/my/model"}, "rollout": {"history_turns": 2}})
     assert embedded_build_mismatches(mine, built) == []  # a user's own models: nothing to compare
+
+
+def test_the_run_and_the_embedded_build_read_their_prompt_defaults_from_one_place():
+    """trainers/config.py PROMPT_DEFAULTS is the one definition of the prompt shape a run shares with the embedded
+    build: the run's defaults and WarmStartConfig's are its values (a run on the build's envs and turn limit, all else
+    left alone, is told of no difference), and the default build's digest is still the one existing builds carry."""
+    import dataclasses
+
+    from trainers.config import PROMPT_DEFAULTS as P, embedded_build_mismatches
+    from trainers.warmstart import WarmStartConfig
+
+    ws = WarmStartConfig()
+    cfg = load_run_config({"env": {"names": {e: 1.0 for e in ws.envs}, "max_turns": ws.max_turns}})
+    assert embedded_build_mismatches(cfg, dataclasses.asdict(ws)) == []
+    r, x = cfg.rollout, cfg.extractor
+    assert (r.history_turns, r.history_chars, r.search_and_ask, x.trajectory_chars, x.op_budget) == (
+        P.history_turns, P.history_chars, P.search_and_ask, P.trajectory_chars, P.op_budget)
+    assert (ws.history_turns, ws.history_chars, ws.allow_tool, ws.trajectory_chars, ws.op_budget) == (
+        P.history_turns, P.history_chars, P.search_and_ask > 0, P.trajectory_chars, P.op_budget)
+    assert ws.digest() == "4f1ed34d3539988c"  # how the build marker hashes the config: existing builds stay valid

@@ -21,6 +21,26 @@ VARIANTS = ("grpo", "static", "exp_only", "complementary")
 EMBEDDED_PREFIX = "embedded:"
 
 
+@dataclass(frozen=True)
+class PromptDefaults:
+    """The prompt shape the embedded models are built with and a run shows them by default: the run's sections below
+    and the build's WarmStartConfig (trainers/warmstart/common.py) read these fields' defaults from PROMPT_DEFAULTS,
+    so a new default shape is one change here. Either config may still set its own value; a run that uses the
+    embedded models with another one is told where (`embedded_build_mismatches`)."""
+
+    # Earlier (observation, action) pairs in the actor's prompt. 0: on the dark room the reader needs the task, the
+    # observation and the entry, and each history item (a whole observation, ~150 tokens) made a step of SFT and of
+    # the run's rollouts and learner ~2x longer.
+    history_turns: int = 0
+    history_chars: int = 1200  # the history's character budget
+    search_and_ask: int = 0  # search-and-ask calls per episode (0 = off); above 0 the actor's system text offers it
+    trajectory_chars: int = 1500  # the trajectory's length in the extractor's prompt
+    op_budget: int = OP_BUDGET  # operations per distillation answer, shown in the extractor's prompt (the release's 3)
+
+
+PROMPT_DEFAULTS = PromptDefaults()
+
+
 @dataclass
 class RunSection:
     name: str = "run"  # shown in the workbench's run table
@@ -135,9 +155,9 @@ class RolloutSection:
     # Of the K, how many get retrieved experience (0 = plain GRPO). Unset: K/2 (the paper) for the experience
     # variants, 0 for variant grpo; grpo with a value > 0 is refused, never silently changed.
     with_experience: int | None = None
-    history_turns: int = 2  # past (observation, action) pairs in the prompt
-    history_chars: int = 1200  # and at most this many characters of them
-    search_and_ask: int = 0  # max search-and-ask calls per episode (paper: 2; 0 = tool off)
+    history_turns: int = PROMPT_DEFAULTS.history_turns  # past (observation, action) pairs in the prompt
+    history_chars: int = PROMPT_DEFAULTS.history_chars  # and at most this many characters of them
+    search_and_ask: int = PROMPT_DEFAULTS.search_and_ask  # max search-and-ask calls per episode (paper: 2; 0 = tool off)
     actor_critic: bool = False  # the actor judges each retrieved entry first: accept 1 / refine 0.5 / reject 0 (hidden); entry reward = score + outcome
     # compact: the tiny embedded models' one-message prompt (what they were warm-started on); chat: for a pretrained
     # chat model (rules, admissible actions, an example exchange, the episode as a multi-turn conversation; trainers/prompts.py)
@@ -192,7 +212,7 @@ class LossSection:
 class ExtractorSection:
     model: ModelSection = field(default_factory=lambda: ModelSection(path="embedded:extractor", lr=1e-5, max_new_tokens=320,
                                                                       temperature=0.8))
-    trajectory_chars: int = 1500  # the trajectory's length in the extractor's prompt (the warm start trains on the same)
+    trajectory_chars: int = PROMPT_DEFAULTS.trajectory_chars  # the trajectory's length in the extractor's prompt
     buffer_size: int = 64  # CISPO update when this many entry samples are waiting
     eps_low: float = 0.1  # CISPO clip, lower
     eps_high: float = 0.1  # CISPO clip, upper
@@ -200,7 +220,7 @@ class ExtractorSection:
     alpha: float = 0.5  # Eq. 7 exponent
     cooldown: int = 1  # Eq. 7 cooldown in extractor updates
     relative_reward: bool = False  # ablation: reward = improvement over the experience-free mean
-    op_budget: int = OP_BUDGET  # operations per distillation answer (the release's 3; the warm start shows the same)
+    op_budget: int = PROMPT_DEFAULTS.op_budget  # operations per distillation answer (the release's 3)
     merge_every: int = 5  # actor updates between periodic merges (0 = never)
     max_backlog: int = 256  # episodes waiting for distillation beyond this are dropped (counted in extractor/dropped)
     templates_file: str = ""  # YAML overriding prompt templates (trainers/prompts.py names)

@@ -7,7 +7,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from trainers.parsing import OP_BUDGET
+from trainers.config import PROMPT_DEFAULTS
 
 
 MARKER = "warmstart.json"
@@ -103,14 +103,14 @@ class WarmStartConfig:
     warmup_steps: int = 15  # linear warm-up steps
     weight_decay: float = 0.01  # AdamW weight decay
     max_seq_len: int = 1280  # longer SFT sequences are dropped (and counted), never cut
-    # Actor prompt: at most this many earlier (observation, action) pairs (must match the run's rollout.history_turns).
-    # None on the dark room: its reader needs the task, the observation and the entry, and each history item (a whole
-    # observation, ~150 tokens) made a step of SFT and of the run's rollouts and learner ~2x longer.
-    history_turns: int = 0
-    history_chars: int = 1200  # actor prompt: character budget of the history (must match the rollout)
-    allow_tool: bool = False  # actor prompt: the system text that offers search-and-ask (must match the rollout)
-    trajectory_chars: int = 1500  # extractor prompt: trajectory_text max_chars (must match the extractor consumer)
-    op_budget: int = OP_BUDGET  # extractor prompt: the operation budget shown (must match extractor.op_budget)
+    # The prompt's shape, each field the run's setting of the same name (allow_tool: rollout.search_and_ask > 0). The
+    # defaults are the run's: trainers/config.py PROMPT_DEFAULTS, where each is explained; a run that uses the
+    # embedded models with other values is warned (embedded_build_mismatches).
+    history_turns: int = PROMPT_DEFAULTS.history_turns  # actor prompt: earlier (observation, action) pairs
+    history_chars: int = PROMPT_DEFAULTS.history_chars  # actor prompt: character budget of the history
+    allow_tool: bool = PROMPT_DEFAULTS.search_and_ask > 0  # actor prompt: the system text offers search-and-ask
+    trajectory_chars: int = PROMPT_DEFAULTS.trajectory_chars  # extractor prompt: trajectory_text max_chars
+    op_budget: int = PROMPT_DEFAULTS.op_budget  # extractor prompt: the operation budget shown
     merge_every_demos: int = 4  # extractor SFT: one merge chunk (5 entries of a task) per this many demos of the task
     # Tokens generated per actor turn in the evaluation and DAgger rollouts: at least this many, and never
     # fewer than the longest demonstrated action and its end token. ALFWorld's "take soapbar 1 from
