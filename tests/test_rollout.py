@@ -127,6 +127,9 @@ def test_episode_player_plays_turn_by_turn(tmp_path, tiny, store, db_url):
     try:
         first = p.reset()
         assert first["turn"] == 0 and "Map:" in first["observation"] and "go southeast" in first["experience"]
+        # the embedded policy's prompt (trainers/config.py PROMPT_DEFAULTS): no search-and-ask offer, no history
+        prompt = tiny.tokenizer.decode(p.roller.prompt_ids(p.batch.lives[0]))
+        assert "search_and_ask" not in prompt and p.roller.rc.history_turns == 0
         turns = [p.step() for _ in range(3)]
         assert [t["turn"] for t in turns] == [1, 2, 3]
         assert all(set(t) >= {"observation", "action", "reward", "done", "success", "tool_query", "tool_answer"} for t in turns)

@@ -22,7 +22,7 @@ from trainers.rollout import Batch, EpisodeSpec, Roller
 
 class EpisodePlayer:
     def __init__(self, env_name: str, seed: int, *, data_dir: str = "", db_url: str = "", checkpoint: str = "",
-                 use_library: bool = True, max_new_tokens: int = 24, search_and_ask: int = 2,
+                 use_library: bool = True, max_new_tokens: int = 24, search_and_ask: int | None = None,
                  history_turns: int | None = None, history_chars: int | None = None, prompt_style: str = "compact",
                  actor: Any = None, constrain_actions: bool = False, expert: bool = False):
         from trainers.config import ModelSection, RolloutSection
@@ -30,10 +30,13 @@ class EpisodePlayer:
         if not expert and actor is None:
             actor = _load_policy(checkpoint, data_dir)
         self.manager = _manager(db_url) if use_library and db_url else None
-        defaults = RolloutSection()  # the prompt the embedded policy was trained on, unless told otherwise
+        # the prompt the embedded policy was trained on (trainers/config.py PROMPT_DEFAULTS: no history, no search-and-ask
+        # offer), unless told otherwise
+        defaults = RolloutSection()
         rc = RolloutSection(history_turns=defaults.history_turns if history_turns is None else history_turns,
                             history_chars=defaults.history_chars if history_chars is None else history_chars,
-                            search_and_ask=search_and_ask if self.manager is not None and not expert else 0,
+                            search_and_ask=(defaults.search_and_ask if search_and_ask is None else search_and_ask)
+                            if self.manager is not None and not expert else 0,
                             prompt_style=prompt_style, constrain_actions=bool(constrain_actions), reuse_cache=False)
         self.pool = LocalPool([env_name])
         self.roller = Roller(None if expert else actor, self.pool, self.manager, rollout_cfg=rc,
