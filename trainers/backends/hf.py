@@ -30,7 +30,7 @@ from trainers.backends.common import (
     read_weights,
     write_weights,
 )
-from trainers.backends.logprobs import row_logprobs
+from trainers.backends.logprobs import forward_switches, row_logprobs
 
 
 def _common_prefix(prompts: Sequence[Sequence[int]]) -> int:
@@ -104,12 +104,12 @@ class HFBackend:
         if self.pad_id is None:
             raise BackendError(f"The tokenizer in {str(self.path)!r} has neither a pad nor an EOS token; set one with tokenizer.pad_token.")
         self.end_ids = end_token_ids(self.tokenizer, getattr(self._base_model(), "generation_config", None))
-        fwd = inspect.signature(self._base_model().forward).parameters
-        self.cache_kw = "cache" if "cache" in fwd else "past_key_values"  # renamed in transformers 5
+        sw = forward_switches(self._base_model())  # what this model's forward and this transformers allow
+        self.cache_kw = sw["cache_kw"]  # `cache` in transformers 5, `past_key_values` before
         # the learner projects only reply positions onto the vocabulary when the model allows it
-        self.supports_logits_to_keep = "logits_to_keep" in fwd
+        self.supports_logits_to_keep = sw["logits_to_keep"]
         # generate runs the prompts' shared prefix once (a cache repeated over the rows) where the cache can be repeated
-        self.prefix_cache = _cache_repeatable()
+        self.prefix_cache = sw["prefix_cache"]
         # identical prompts (a group's first turn: K rollouts of one task) are prefilled once, their cache rows repeated
         self.dedupe_prompts = hasattr(_dynamic_cache(), "batch_select_indices")
         # Rollout threads and a learner may share one backend: generate/logprobs/load_weights hold
@@ -520,10 +520,6 @@ def _dynamic_cache() -> Any:
     except ImportError:
         return None
     return DynamicCache
-
-
-def _cache_repeatable() -> bool:
-    return hasattr(_dynamic_cache(), "batch_repeat_interleave")
 
 
 MAX_SESSIONS = 4096  # kept episode caches per back end
