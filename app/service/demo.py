@@ -140,6 +140,12 @@ class DemoPart:
                 if self.demo_actor and not ckpt:
                     extra = demo_actor_kwargs(self.demo_actor)
                     ckpt = extra.pop("checkpoint")
+                if not ckpt:  # the embedded default policy: built here on first use (one build at a time)
+                    from trainers.config import resolve_model_path
+                    from trainers.warmstart import ensure_models
+
+                    ensure_models(self.data_dir)
+                    ckpt = str(resolve_model_path("embedded:policy", self.data_dir))
                 player = EpisodePlayer(env_name, seed_i, data_dir=str(self.data_dir), db_url=self.db_url, checkpoint=ckpt,
                                     use_library=use_library, **extra)
                 play = _Play(player, "policy")
