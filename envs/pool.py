@@ -471,3 +471,10 @@ class TaskMixture:
 
     def sample_many(self, n: int) -> list[str]:
         return self._rng.choices(self.names, weights=[self.probs[k] for k in self.names], k=n)
+
+    def getstate(self) -> Any:
+        """Where the sequence stands (a checkpoint keeps it, so a resumed run draws what it would have drawn)."""
+        return self._rng.getstate()
+
+    def setstate(self, state: Any) -> None:
+        self._rng.setstate(state)

@@ -194,3 +194,10 @@ def test_task_mixture_is_seeded_and_weighted():
     assert 0.70 < a.count("minihack/Room-5x5") / len(a) < 0.80
     with pytest.raises(ValueError):
         TaskMixture({"x": -1.0})
+    m = TaskMixture(weights, seed=5)
+    m.sample_many(7)
+    state = m.getstate()  # what a checkpoint keeps: a resumed run draws what the first would have drawn
+    ahead = m.sample_many(50)
+    resumed = TaskMixture(weights, seed=99)
+    resumed.setstate(state)
+    assert resumed.sample_many(50) == ahead

@@ -119,7 +119,7 @@ def train(ctx: RunContext) -> None:
     state = ctx.load_state()
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])
-        mixture._rng.setstate(state["mixture_rng"])
+        mixture.setstate(state["mixture_rng"])
         rng.setstate(state["task_rng"])
         if experience is not None and "experience" in state:
             experience.load_state_dict(state["experience"])
@@ -128,7 +128,7 @@ def train(ctx: RunContext) -> None:
 
     def checkpoint(step: int) -> None:
         models = {"policy": learner}
-        st: dict[str, Any] = {"optimizer": optimizer.state_dict(), "mixture_rng": mixture._rng.getstate(), "task_rng": rng.getstate()}
+        st: dict[str, Any] = {"optimizer": optimizer.state_dict(), "mixture_rng": mixture.getstate(), "task_rng": rng.getstate()}
         if experience is not None:
             models.update(experience.models_to_save())
             st["experience"] = experience.state_dict()
