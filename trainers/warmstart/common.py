@@ -36,17 +36,16 @@ _DELTAS = {
 class WarmStartConfig:
     """How the embedded default models are built. Defaults fit ~10 minutes on a 2-core CPU."""
 
-    # Registered env names to learn. One env by default: with two, Room-Ultimate's long episodes made
-    # 3/4 of the examples and the policy never learned Room-Random's heading (per-turn accuracy 0.13).
-    # The default is the recurring dark room (env.task_set configs): there an entry holds what the actor cannot see
-    # (where the staircase is), so the demonstrations teach reading one (walk where it points) and writing one (the
-    # extractor copies the env's debrief). On the lit Room-Random-5x5 the observation names the heading itself.
+    # Registered env names to learn: the recurring dark room (env.task_set configs), where an entry holds what the
+    # actor cannot see (where the staircase is), so the demonstrations teach reading one (walk where it points) and
+    # writing one (the extractor copies the env's debrief). One env: with two, the longer episodes of one crowd out
+    # the other's examples (docs/results_discussion.md).
     envs: list[str] = field(default_factory=lambda: ["minihack/Room-Ultimate-5x5"])
     # Demonstrations name a task instance ("Dungeon 1017: ..."), as runs with env.task_set show it. Their ids start
     # at 1000, so a demonstrated level is never one of a run's tasks (ids 0..task_set-1 and the unseen ones after).
     task_ids: bool = True
     max_turns: int = 8  # turn limit of demonstrations and evaluation episodes (0 = the env's own); match env.max_turns
-    demo_episodes: int = 3000  # scripted-expert episodes per env (with 300 the policy memorised maps instead of reading the heading)
+    demo_episodes: int = 3000  # scripted-expert episodes per env (far fewer: the policy memorises maps, not the heading)
     share_no_entry: float = 0.40  # share of demonstrations without an experience entry
     share_correct_entry: float = 0.45  # share with a correct entry the expert follows (the rest: a wrong entry, ignored)
     noisy_share: float = 0.35  # share of demo episodes played by an epsilon-noisy expert (states still labelled by the expert)
@@ -65,25 +64,18 @@ class WarmStartConfig:
     extractor_heads: int = 4  # extractor attention heads
     extractor_kv_heads: int = 2  # extractor key/value heads
     max_positions: int = 4096  # position embeddings of both models (the rollout's prompt + reply must fit)
-    # Policy SFT optimiser steps. Deliberately short: on Room-Random-5x5, 150 steps already give greedy
-    # success 1.00 on held-out seeds, which leaves an RL run nothing to show. Before ~75 steps the policy
-    # has not learned to read the heading and is close to uniform over the 8 moves (70 steps: reply
-    # entropy 1.17 nats per token), where GRPO found no signal in 10 steps; 90 steps sit just past it
-    # (greedy 1.00 on the build's held-out seeds): the cliff is in docs/results.md. On the recurring dark room,
-    # 400 steps on full prompts alone learned nothing but the marginal over moves (loss 1.0 per token: "northeast"
-    # every turn, the entry unread); the short-prompt curriculum below comes first.
+    # Policy SFT optimiser steps on full prompts, after the short-prompt curriculum below (without it, full prompts
+    # teach only the marginal over moves and the entry stays unread). More steps and DAgger episodes did not change
+    # what the policy reads (docs/results_discussion.md).
     policy_steps: int = 300
-    # Policy SFT steps before the main ones on short prompts: the task line and the current observation,
-    # without the system text, the history or an entry (its own optimiser and schedule). On ALFWorld a
-    # policy trained on full prompts never learned to copy the task's object into "take"/"move" (1,400
-    # steps: 0 of 24 held-out takes right); the same model copies after ~150 steps of short prompts, and
-    # the skill carries over to full prompts within ~50 (a synthetic check: benchmarks/results/copy_probe.md).
-    short_prompt_steps: int = 200  # with ACTION_LEAD the readable turns are learnt in ~100 (twelfth round)
+    # Policy SFT steps first, on short prompts: the task line, the entry when there is one and the current
+    # observation, without the system text or the history (its own optimiser and schedule). Copying what the action
+    # depends on is learnable there and carries over to full prompts (benchmarks/results/copy_probe.md).
+    short_prompt_steps: int = 200
     extractor_steps: int = 300  # extractor SFT optimiser steps on every example kind (~0.9 s each here, loaded)
-    # Extractor SFT steps before the main ones on short extraction prompts (`_extractor_prompt(short=True)`: no
-    # instructions, the trajectory only the final observation's last line, the debrief), where what the answer copies
-    # lies as many tokens back as in a full prompt. 500-step builds on full prompts at batch 4 copied no offset right
-    # (0/19, 0/13, 0/36); 400 short steps at batch 16 copied the debrief into the think right on 34/60 (thirteenth round).
+    # Extractor SFT steps first, on short extraction prompts (`_extractor_prompt(short=True)`: no instructions, the
+    # trajectory only the final observation's last line, the debrief), where what the answer copies lies as many
+    # tokens back as in a full prompt: the copy is learnt there, not on full prompts alone.
     extractor_short_steps: int = 500
     extractor_short_batch_size: int = 16  # its sequences are ~290 tokens, a full one ~810: 4x the batch at ~1.5x the cost
     batch_size: int = 16  # sequences per policy SFT step
@@ -93,11 +85,8 @@ class WarmStartConfig:
     # the two models share only the demonstrations and the tokenizer. The extractor then learns from the expert's
     # demonstrations alone, not the policy's DAgger episodes (24 of ~3,000). False: one after the other, in-process.
     parallel: bool = True
-    # Weight of a language-model loss on the prompt tokens of each policy example, beside the loss on
-    # the action's tokens (0 = action tokens only). The prompt repeats names (the task's object in the
-    # task line, the listing and the observation), a signal for copying; measured, it did not help: at
-    # 0.5 the synthetic copy probe stays at chance after 300 steps (benchmarks/results/copy_probe.md), as
-    # does the 4.25M ALFWorld policy's "take" (0 of 24 after 300 more steps).
+    # Weight of a language-model loss on the prompt tokens of each policy example, beside the loss on the action's
+    # tokens (0 = action tokens only). It did not help copying (benchmarks/results/copy_probe.md).
     prompt_loss_weight: float = 0.0
     lr: float = 2e-3  # peak AdamW learning rate (linear warm-up, cosine decay to 10%)
     warmup_steps: int = 15  # linear warm-up steps
