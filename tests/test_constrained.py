@@ -245,7 +245,7 @@ def test_vllm_structured_outputs_arguments():
 def test_the_demo_player_can_decode_constrained_too(tiny, tmp_path):
     from trainers.player import EpisodePlayer
 
-    player = EpisodePlayer("minihack/Room-5x5", 4, data_dir=str(tmp_path), db_url=f"sqlite:///{tmp_path / 'w.db'}", use_library=False,
+    player = EpisodePlayer("minihack/Room-5x5", 4, db_url=f"sqlite:///{tmp_path / 'w.db'}", use_library=False,
                            checkpoint=str(tiny.path),  # the actor is given: no default models built
                            max_new_tokens=8, prompt_style="chat", actor=tiny, constrain_actions=True)
     try:

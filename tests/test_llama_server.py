@@ -241,7 +241,7 @@ def test_the_demo_plays_through_the_server(server, smollm2_dir, tmp_path):
                             "prompt_style": "chat", "constrain_actions": True})
     assert isinstance(kw["actor"], OpenAIBackend) and kw["prompt_style"] == "chat" and kw["checkpoint"] == str(smollm2_dir)
     assert kw["constrain_actions"] is True
-    player = EpisodePlayer("minihack/Room-Random-5x5", 5, data_dir=str(tmp_path), db_url=f"sqlite:///{tmp_path / 'w.db'}",
+    player = EpisodePlayer("minihack/Room-Random-5x5", 5, db_url=f"sqlite:///{tmp_path / 'w.db'}",
                            use_library=False, max_new_tokens=8, **kw)
     try:
         player.reset()

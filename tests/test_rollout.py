@@ -123,7 +123,7 @@ def test_episode_player_plays_turn_by_turn(tmp_path, tiny, store, db_url):
 
     store.add_entry("## Title: stairs\n## Content: go southeast", env="minihack/Room-5x5",
                     task="Reach the staircase down (>) in a lit 5x5 room.", actor="human")
-    p = EpisodePlayer("minihack/Room-5x5", 2, data_dir=str(tmp_path), db_url=db_url, checkpoint=str(tiny.path))
+    p = EpisodePlayer("minihack/Room-5x5", 2, db_url=db_url, checkpoint=str(tiny.path))
     try:
         first = p.reset()
         assert first["turn"] == 0 and "Map:" in first["observation"] and "go southeast" in first["experience"]

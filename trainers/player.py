@@ -1,7 +1,7 @@
 """One episode a turn at a time, for the workbench's demo: the Roller's own loop (trainers/rollout.py) on a one-slot
 pool in this process, so what a person watches is what training does, prompt for prompt.
 
-    p = EpisodePlayer("minihack/Room-5x5", 3, data_dir=..., db_url=...)   # the policy, greedy
+    p = EpisodePlayer("minihack/Room-5x5", 3, checkpoint=FOLDER, db_url=...)   # the policy, greedy
     p = EpisodePlayer("minihack/Room-5x5", 3, expert=True)                # the env's scripted expert
     p.reset() -> turn dict; p.step() -> turn dict, until turn["done"]
 
@@ -21,28 +21,26 @@ from trainers.rollout import Batch, EpisodeSpec, Roller
 
 
 class EpisodePlayer:
-    def __init__(self, env_name: str, seed: int, *, data_dir: str = "", db_url: str = "", checkpoint: str = "",
-                 use_library: bool = True, max_new_tokens: int = 24, search_and_ask: int | None = None,
-                 history_turns: int | None = None, history_chars: int | None = None, prompt_style: str = "compact",
-                 actor: Any = None, constrain_actions: bool = False, expert: bool = False):
+    def __init__(self, env_name: str, seed: int, *, db_url: str = "", checkpoint: str = "", use_library: bool = True,
+                 max_new_tokens: int = 24, search_and_ask: int | None = None, history_turns: int | None = None,
+                 history_chars: int | None = None, prompt_style: str = "compact", actor: Any = None,
+                 constrain_actions: bool = False, expert: bool = False):
         from trainers.config import ModelSection, RolloutSection
 
         if not expert and actor is None:
-            actor = _load_policy(checkpoint, data_dir)
+            actor = _load_policy(checkpoint)
         self.manager = _manager(db_url) if use_library and db_url else None
-        # the prompt the embedded policy was trained on (trainers/config.py PROMPT_DEFAULTS: no history, no search-and-ask
-        # offer), unless told otherwise
-        defaults = RolloutSection()
-        rc = RolloutSection(history_turns=defaults.history_turns if history_turns is None else history_turns,
-                            history_chars=defaults.history_chars if history_chars is None else history_chars,
-                            search_and_ask=(defaults.search_and_ask if search_and_ask is None else search_and_ask)
-                            if self.manager is not None and not expert else 0,
-                            prompt_style=prompt_style, constrain_actions=bool(constrain_actions), reuse_cache=False)
+        # Unset: the prompt the embedded policy was trained on (trainers/config.py PROMPT_DEFAULTS: no history, no
+        # search-and-ask offer). The expert and a player without a library make no search-and-ask calls.
+        told = {"history_turns": history_turns, "history_chars": history_chars, "search_and_ask": search_and_ask}
+        rc = RolloutSection(**{k: v for k, v in told.items() if v is not None}, prompt_style=prompt_style,
+                            constrain_actions=bool(constrain_actions), reuse_cache=False)
+        if expert or self.manager is None:
+            rc.search_and_ask = 0
         self.pool = LocalPool([env_name])
         self.roller = Roller(None if expert else actor, self.pool, self.manager, rollout_cfg=rc,
                              actor_cfg=ModelSection(max_new_tokens=max_new_tokens, temperature=0.0),
                              tool_fn=self._answer if self.manager is not None else None)
-        self.actor = actor
         self.env_name, self.seed = env_name, seed
         self.batch: Batch | None = None
 
@@ -98,19 +96,16 @@ class EpisodePlayer:
         self.pool.close()
 
 
-def _load_policy(checkpoint: str, data_dir: str) -> Any:
-    """The policy's back end: a model folder, a training checkpoint folder, or (none named) the embedded default."""
-    from trainers.config import resolve_model_path
+def _load_policy(checkpoint: str) -> Any:
+    """The policy's back end: a model folder or a training checkpoint folder (the workbench resolves the embedded
+    default, building it on first use, before it makes a player)."""
     from trainers.models import HFBackend
 
+    if not checkpoint:
+        raise ValueError("EpisodePlayer needs a policy: a model folder (checkpoint=...) or a back end (actor=...)")
     path = checkpoint
-    if checkpoint and (Path(checkpoint) / "policy" / "config.json").exists():
+    if (Path(checkpoint) / "policy" / "config.json").exists():
         path = str(Path(checkpoint) / "policy")  # a training checkpoint folder
-    if not path:
-        from trainers.warmstart import ensure_models
-
-        ensure_models(data_dir)
-        path = resolve_model_path("embedded:policy", data_dir)
     import torch
 
     return HFBackend(path, device="auto" if torch.cuda.is_available() else "cpu", num_threads=1)

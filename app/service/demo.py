@@ -146,7 +146,7 @@ class DemoPart:
 
                     ensure_models(self.data_dir)
                     ckpt = str(resolve_model_path("embedded:policy", self.data_dir))
-                player = EpisodePlayer(env_name, seed_i, data_dir=str(self.data_dir), db_url=self.db_url, checkpoint=ckpt,
+                player = EpisodePlayer(env_name, seed_i, db_url=self.db_url, checkpoint=ckpt,
                                     use_library=use_library, **extra)
                 play = _Play(player, "policy")
             else:
