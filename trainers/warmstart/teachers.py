@@ -2,12 +2,16 @@
 action under it; the demonstrations themselves (collect_demos) and the seeds they are played on."""
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from core.types import format_entry_text
 from envs.base import keeps_intro
+from envs.pool import LocalPool
+from trainers.config import ModelSection, RolloutSection
+from trainers.rollout import EpisodeSpec, Roller, derive_seed
 from trainers.warmstart.common import Demo, Turn, WarmStartConfig, _DELTAS, _INVALID_WORDS
 
 
@@ -128,7 +132,7 @@ class _Teacher:
         self.following = False  # walking where the entry points (MiniHack)
         self._last_pos: tuple[int, int] | None = None  # where the agent stood when it last took the entry's heading
         # learns each level with a long turn budget; teachers of one pool share one (`levels`)
-        self._levels = (levels or EntryChecker()) if self.minihack else None
+        self._levels = (levels if levels is not None else EntryChecker()) if self.minihack else None
 
     def start(self, seed: int, condition: str, rng: random.Random) -> tuple[str, str, dict[str, Any]]:
         """Reset the env on `seed` (with task_ids: on task instance `seed`); returns (first observation,
@@ -246,12 +250,7 @@ def play_episodes(cfg: WarmStartConfig, specs: Sequence[TeacherSpec], *, source:
     (trainers/rollout.py): by `actor` (a back end; DAgger and evaluation, `cfg.rollout_batch` episodes in lockstep)
     or, with none, by the scripted expert (demonstrations). `max_turns` cuts episodes short (they count as
     failures); `max_new_tokens` per reply defaults to `cfg.action_max_new_tokens`."""
-    import functools
-
     from envs.entry_check import EntryChecker
-    from envs.pool import LocalPool
-    from trainers.config import ModelSection, RolloutSection
-    from trainers.rollout import EpisodeSpec, Roller, derive_seed
 
     batch = cfg.rollout_batch if actor is not None else 1
     rc = RolloutSection(history_turns=cfg.history_turns, history_chars=cfg.history_chars,
