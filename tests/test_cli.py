@@ -1,6 +1,7 @@
 """`comprl library …` as a new user runs it: a real process, a real data directory."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -160,3 +161,89 @@ def test_an_ab_test_with_sampled_episodes_per_task_runs_and_pairs_them(tmp_path)
     actions = [tuple(s["action"] for s in store.get_trajectory(e["id"])["steps"]) for e in eps[:6]]
     assert len(set(actions)) > 2  # six sampled episodes of two tasks, not two episodes replayed three times
     store.close()
+
+
+# -- --data-dir and --db mean the same wherever they stand ----------------------------------------------------------
+
+
+def _commands() -> list[list[str]]:
+    """Every command path with the least arguments its parser accepts, read off the parser itself (so an action
+    added later is covered): ["library", "show", "1"], ["eval", "1"], ["models", "list"], …"""
+    from app.cli import build_parser
+
+    def fill(parser) -> list[str]:
+        out: list[str] = []
+        for a in parser._actions:
+            if isinstance(a, argparse._SubParsersAction) or a.dest == "help":
+                continue
+            if not a.option_strings and a.nargs != "?":
+                out.append(a.choices[-1] if a.choices else "1")
+            elif a.option_strings and a.required:
+                out += [a.option_strings[0], "1"]
+        return out
+
+    paths: list[list[str]] = []
+    top = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sp in top.choices.items():
+        nested = [a for a in sp._actions if isinstance(a, argparse._SubParsersAction)]
+        if nested:
+            paths += [[name, action, *fill(asp)] for action, asp in nested[0].choices.items()]
+        else:
+            paths.append([name, *fill(sp)])
+    return paths
+
+
+COMMANDS = _commands()
+
+
+def test_every_command_is_covered():
+    groups = {c[0] for c in COMMANDS}
+    assert {"library", "models", "eval", "train", "envs", "app"} <= groups
+    assert {c[1] for c in COMMANDS if c[0] == "library"} >= {"stats", "list", "show", "search", "edit", "merge"}
+
+
+@pytest.mark.parametrize("cmd", COMMANDS, ids=lambda c: "_".join(c[:2]))
+def test_data_dir_and_db_hold_before_and_after_the_action(cmd, tmp_path):
+    """`comprl library --data-dir D stats` used to report the default ./comprl_data: the action's own default
+    overrode the group's value. Every position of --data-dir / --db now means the same; none given, the defaults."""
+    from app.cli import build_parser
+    from core.config import DEFAULT_DATA_DIR
+
+    d, db = str(tmp_path / "d"), f"sqlite:///{tmp_path / 'x.db'}"
+    group, rest = cmd[:1], cmd[1:]
+    if cmd[0] == "library":
+        group, rest = cmd[:2], cmd[2:]
+    orders = [["--data-dir", d, "--db", db, *cmd],                       # before the command
+              [cmd[0], "--data-dir", d, "--db", db, *cmd[1:]],           # after the group, before the action
+              [*group, "--data-dir", d, *rest, "--db", db],              # mixed: after the action
+              [*cmd, "--db", db, "--data-dir", d]]                       # at the end
+    for argv in orders:
+        args = build_parser().parse_args(argv)
+        assert (args.data_dir, args.db) == (d, db), argv
+    args = build_parser().parse_args(cmd)
+    assert args.data_dir == os.environ.get("COMPRL_DATA_DIR", DEFAULT_DATA_DIR) and args.db == os.environ.get("COMPRL_DB")
+
+
+def test_library_stats_reads_the_given_data_dir_in_either_order_and_creates_no_default(tmp_path, monkeypatch, capsys):
+    """The reported bug end to end (in process): both orders report the two entries of DIR, and no ./comprl_data
+    appears in the working directory."""
+    from app.cli import main
+    from core.store import ExperienceStore
+
+    data, cwd = tmp_path / "data", tmp_path / "cwd"
+    data.mkdir()
+    cwd.mkdir()
+    store = ExperienceStore(f"sqlite:///{data / 'workbench.db'}")
+    store.add_entry("## Title: A\n## Description: d\n## Content: a", env="minihack")
+    store.add_entry("## Title: B\n## Description: d\n## Content: b", env="alfworld")
+    store.close()
+    monkeypatch.chdir(cwd)
+    monkeypatch.delenv("COMPRL_DATA_DIR", raising=False)
+    monkeypatch.delenv("COMPRL_DB", raising=False)
+    for argv in (["library", "--data-dir", str(data), "stats", "--json"], ["library", "stats", "--json", "--data-dir", str(data)],
+                 ["--data-dir", str(data), "library", "stats", "--json"]):
+        assert main(argv) == 0
+        assert json.loads(capsys.readouterr().out)["active"] == 2, argv
+    assert main(["library", "--db", f"sqlite:///{data / 'workbench.db'}", "list"]) == 0
+    assert capsys.readouterr().out.startswith("2 entries")
+    assert not (cwd / "comprl_data").exists() and list(cwd.iterdir()) == []
