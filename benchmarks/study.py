@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -36,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import RESULTS, environment, run_in, write_results  # noqa: E402
+from benchmarks.study_tables import PROBE_KEYS, paired_table, paired_tests, probe_table, table  # noqa: E402
 
 ABLATIONS = {
     "joint_normalization": ["loss.joint_normalization=true"],
@@ -53,7 +53,11 @@ VARIANTS = ("grpo", "static", "exp_only", "complementary")  # METHOD.md "Baselin
 CURVES = ("policy/success_with_exp", "policy/success_without_exp", "policy/reward_with_exp", "policy/reward_without_exp",
           "policy/actions_with_exp", "policy/actions_without_exp", "policy/entropy", "policy/frac_nonzero_adv",
           "extractor/reward_mean", "extractor/updates", "library/size",
-          "library/entry_correct_share", "extractor/new_entry_correct_share", "retrieval/same_task_rate")  # plus every eval/* key
+          "library/entry_correct_share", "extractor/new_entry_correct_share", "retrieval/same_task_rate",
+          # the extractor probe (trainers/probe.py) and the density of the extractor's reward signal
+          "extractor/probe_correct", "extractor/probe_wrong", "extractor/probe_unverifiable", "extractor/probe_valid",
+          "extractor/probe_stated_right", "extractor/frac_nonzero_adv", "extractor/episodes_per_entry_reward",
+          "extractor/entries_rewarded")  # plus every eval/* key
 FULL_CONFIGS = ("configs/minihack_room_cpu.yaml", "configs/alfworld_cpu.yaml")  # the issue's two environments
 FULL_MULTITASK = "configs/multitask_cpu.yaml"  # one complementary run over MiniHack + ALFWorld + WebShop
 QUICK_SETS = ["rollout.tasks_per_step=1", "rollout.group_size=4", "rollout.with_experience=2", "env.max_turns=6",
@@ -120,6 +124,20 @@ def prepare_models(data_dir: Path, work: Path, quick: bool, config: Path, jobs: 
     paths = ensure_models(work / "_models", tiny_warmstart(config), progress=False)
     print(f"   ready in {time.time() - t0:.0f} s", flush=True)
     return work / "_models" / "models", [f"actor.path={paths['policy']}", f"extractor.model.path={paths['extractor']}"]
+
+
+def prepare_weak(plan: list[dict], data_dir: Path, model_sets: list[str], user_sets: list[str]) -> None:
+    """Build the weak extractor start once, before any run, when a run of the plan uses `embedded:extractor-weak`
+    (runs started together would otherwise each build it into the shared models folder)."""
+    from trainers.config import load_run_config, parse_overrides
+
+    over = parse_overrides([*model_sets, *user_sets]) if model_sets or user_sets else None
+    if any(load_run_config(item["config"], overrides=over).extractor.model.path == "embedded:extractor-weak"
+           for item in plan if item["variant"] != "grpo"):
+        from trainers.warmstart.weak import ensure_weak_extractor
+
+        print(f"== the weak extractor start (built once, then shared) in {data_dir / 'models'}", flush=True)
+        ensure_weak_extractor(data_dir, progress=False)
 
 
 def read_curves(store, run_id: int) -> dict[str, list[list[float]]]:
@@ -199,83 +217,36 @@ def run_one(name: str, config: Path, sets: list[str], data: Path, log: Path, tim
         curves = read_curves(store, run["id"])
     finally:
         store.close()
-    return {"name": name, "start": pick(first), "end": pick(last), "steps": run["step"], "seconds": time.time() - t0,
+    start, end = pick(first), pick(last)
+    for when, series in (("start", 0), ("end", -1)):  # the extractor probe's first and last reads
+        for k in PROBE_KEYS:
+            pts = curves.get(f"extractor/{k}")
+            if pts:
+                (start if when == "start" else end)[f"extractor_{k}"] = pts[series][1]
+    by_task = {}
+    for when, step in (("start", first), ("end", last)):  # each task's outcome per condition (a paired test's input)
+        f = data / "runs" / str(run["id"]) / "evals" / f"step_{step}.json"
+        if f.is_file():
+            by_task[when] = json.loads(f.read_text())
+    return {"name": name, "start": start, "end": end, "steps": run["step"], "seconds": time.time() - t0,
+            "complete": run["status"] == "finished", "eval_by_task": by_task,
             "eval_n": eval_n(run, eval_episodes), "library_size": lib.get("library/size"),
             "entry_correct_end": correct[-1] if correct else None, "entry_correct_first": correct[0] if correct else None,
             "extractor_updates": lib.get("extractor/updates"), "merges": lib.get("library/merges"),
             "command": cmd, "curves": curves, **({"continued_from_step": prior[1]} if prior is not None else {})}
 
 
-def mean_sd(xs: list[float]) -> str:
-    xs = [x for x in xs if x is not None]
-    if not xs:
-        return "–"
-    return f"{statistics.mean(xs):.3f} ± {statistics.stdev(xs):.3f}" if len(xs) > 1 else f"{xs[0]:.3f}"
-
-
-def mean_of(xs: list[float]) -> str:
-    xs = [x for x in xs if x is not None]
-    return f"{statistics.mean(xs):.2f}" if xs else "–"
-
-
-def pooled_ci(runs: list[dict], key: str, fallback_n: int) -> str:
-    """Pooled end success over seeds (successes / episodes) with its Wilson 95% interval."""
-    from core.metrics import wilson_interval
-
-    k = n = 0
-    for r in runs:
-        rate = r["end"].get(key)
-        if rate is None:
-            continue
-        m = int(r.get("eval_n") or fallback_n)
-        k, n = k + round(rate * m), n + m
-    if not n:
-        return "–"
-    lo, hi = wilson_interval(k, n)
-    return f"{k}/{n} [{lo:.2f}, {hi:.2f}]"
-
-
-def table(results: list[dict], args: argparse.Namespace, commit: str) -> str:
-    """Per label: mean ± sd over seeds of the start and end eval, pooled end success with its CI, and the commit."""
-    labels = list(dict.fromkeys(r["label"] for r in results))
-    lines = [f"Budget: {args.steps} steps per run; eval on {args.eval_episodes} held-out seeds per condition, greedy, and "
-             f"sampled at the rollout temperature where the run measured it (runs before the sampled eval show –). "
-             f"Study written at commit {commit}; the commit column is the one each run was made with.", "",
-             "| variant | seeds | success without exp (start → end) | without, end pooled [95% CI] | success with exp (start → end) "
-             "| with, end pooled [95% CI] | sampled without (start → end) | sampled with (start → end) "
-             "| actions without (start → end) | actions with (start → end) | unseen without (start → end) | unseen with (start → end) "
-             "| library entries right (first → end) | library | extractor updates | hours per run | commit |",
-             "|---|---:|---|---|---|---|---|---|---|---|---|---|---|---:|---:|---:|---|"]
-    for lab in labels:
-        rs = [r for r in results if r["label"] == lab]
-        col = lambda when, k: [r[when].get(k) for r in rs]  # noqa: E731
-        commits = ", ".join(dict.fromkeys(r.get("commit") or "?" for r in rs))
-        lines.append(
-            f"| {lab} | {len(rs)} | {mean_sd(col('start', 'success_without_exp'))} → {mean_sd(col('end', 'success_without_exp'))} | "
-            f"{pooled_ci(rs, 'success_without_exp', args.eval_episodes)} | "
-            f"{mean_sd(col('start', 'success_with_exp'))} → {mean_sd(col('end', 'success_with_exp'))} | "
-            f"{pooled_ci(rs, 'success_with_exp', args.eval_episodes)} | "
-            f"{mean_sd(col('start', 'success_without_exp_sampled'))} → {mean_sd(col('end', 'success_without_exp_sampled'))} | "
-            f"{mean_sd(col('start', 'success_with_exp_sampled'))} → {mean_sd(col('end', 'success_with_exp_sampled'))} | "
-            f"{mean_of(col('start', 'actions_without_exp'))} → {mean_of(col('end', 'actions_without_exp'))} | "
-            f"{mean_of(col('start', 'actions_with_exp'))} → {mean_of(col('end', 'actions_with_exp'))} | "
-            f"{mean_sd(col('start', 'success_unseen_without_exp'))} → {mean_sd(col('end', 'success_unseen_without_exp'))} | "
-            f"{mean_sd(col('start', 'success_unseen_with_exp'))} → {mean_sd(col('end', 'success_unseen_with_exp'))} | "
-            f"{mean_sd([r.get('entry_correct_first') for r in rs])} → {mean_sd([r.get('entry_correct_end') for r in rs])} | "
-            f"{mean_sd([r.get('library_size') for r in rs])} | {mean_sd([r.get('extractor_updates') for r in rs])} | "
-            f"{mean_of([r['seconds'] / 3600 if r.get('seconds') else None for r in rs])} | {commits} |")
-    return "\n".join(lines)
-
-
 def build_plan(configs: list[Path], variants: list[str], seeds: list[int], ablations: bool | list[str], ablation_seeds: list[int],
-               multitask: Path | None) -> list[dict]:
-    """Every run of the study, in order: variants × seeds on each config, then (on the first config) the
+               multitask: Path | None, by_seed: bool = False) -> list[dict]:
+    """Every run of the study, in order: variants × seeds on each config (`by_seed`: seed by seed, every variant of a
+    seed before the next seed's, so a study stopped part-way has whole seeds to compare), then (on the first config) the
     ablations, then the multi-task run. Labels on the first config are the variant names; other configs'
     labels are prefixed with the config's file stem (e.g. `alfworld_cpu-grpo`)."""
     plan = []
     for i, config in enumerate(configs):
         prefix = "" if i == 0 else f"{config.stem}-"
-        plan += [{"config": config, "label": f"{prefix}{v}", "variant": v, "seed": s, "extra": []} for v in variants for s in seeds]
+        order = [(v, s) for s in seeds for v in variants] if by_seed else [(v, s) for v in variants for s in seeds]
+        plan += [{"config": config, "label": f"{prefix}{v}", "variant": v, "seed": s, "extra": []} for v, s in order]
     if ablations:
         plan += [{"config": configs[0], "label": f"complementary-{a}", "variant": "complementary", "seed": s, "extra": list(extra)}
                  for a, extra in ABLATIONS.items() if ablations is True or a in ablations for s in ablation_seeds]
@@ -411,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=int, default=4 * 3600)
     ap.add_argument("--jobs", type=int, default=1,
                     help="runs at once, each its own process (the CPU configs use one thread per run: on 2 cores, 2)")
+    ap.add_argument("--by-seed", action="store_true",
+                    help="run seed by seed (every variant of seed 0, then of seed 1, ...): a study stopped part-way has whole seeds")
     ap.add_argument("--extend", action="store_true",
                     help="continue finished runs that have fewer than --steps from their last checkpoint (same library)")
     argv = sys.argv[1:] if argv is None else argv
@@ -455,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
         if not c.is_file():
             ap.error(f"no config file {c}")
     config = configs[0]
-    plan = build_plan(configs, variants, seeds, args.ablations, ablation_seeds, multitask)
+    plan = build_plan(configs, variants, seeds, args.ablations, ablation_seeds, multitask, by_seed=args.by_seed)
     costs = measured_costs(results_dir)
     if args.budget_hours:
         args.steps = fit_steps(plan, args.budget_hours, lambda item, st: run_sets(item, st, args.eval_episodes, [], args.set), costs,
@@ -475,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     models, model_sets = prepare_models(Path(args.data_dir).expanduser().resolve(), work, args.quick, config, args.jobs)
     for w in unseen_families(plan, models) if models is not None else []:
         print(w, file=sys.stderr, flush=True)
+    prepare_weak(plan, Path(args.data_dir).expanduser().resolve(), model_sets, args.set)
 
     def one(item: dict) -> dict:
         label, variant, seed = item["label"], item["variant"], item["seed"]
@@ -497,9 +471,32 @@ def main(argv: list[str] | None = None) -> int:
         if before is not None:  # extended: the time and commits of every invocation
             r["seconds"] += before.get("seconds", 0.0)
             r["commit"] = ", ".join(dict.fromkeys([*(before.get("commit") or "?").split(", "), env["commit"]]))
+        r["complete"] = bool(r.get("complete")) and r.get("steps", 0) >= args.steps
         done.write_text(json.dumps(r, indent=2))
         print(f"   {tag} finished", flush=True)
+        with write_lock:  # the results so far, so a study stopped part-way has them (and says which runs are complete)
+            finished[tag] = r
+            write(list(finished.values()), partial=True)
         return r
+
+    finished: dict[str, dict] = {}
+    write_lock = threading.Lock()
+
+    def write(results: list[dict], partial: bool) -> None:
+        order = {f"{it['label']}-seed{it['seed']}": i for i, it in enumerate(plan)}
+        results = sorted(results, key=lambda r: order.get(r["name"], 10**6))
+        tags = [f"{it['label']}-seed{it['seed']}" for it in plan]
+        complete = [r["name"] for r in results if r.get("complete", True)]
+        paired = paired_tests(results)
+        md = "\n\n".join(x for x in (table(results, args, env["commit"]), probe_table(results), paired_table(paired)) if x)
+        if partial:
+            md = (f"**Partial: {len(complete)} of {len(tags)} runs complete** (pending: "
+                  f"{', '.join(t for t in tags if t not in complete) or 'none'}).\n\n" + md)
+        write_results(name, {"benchmark": name, "environment": env, "argv": ["python", "benchmarks/study.py", *argv],
+                             "args": vars(args), "models": str(models) if models else "built by each run",
+                             "wall_s_this_invocation": round(time.time() - t_study, 1), "partial": partial,
+                             "runs_complete": complete, "runs_pending": [t for t in tags if t not in complete],
+                             "paired": paired, "runs": results}, md, results_dir=results_dir)
 
     # each run is its own `comprl train` process: threads here only wait on them. After a failed run no new
     # run starts; the ones already running finish, and the study reports the failure (finished runs are kept
@@ -518,10 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         futures = [pool.submit(guarded, item) for item in plan]
     results = [f.result() for f in futures]  # the first failure in plan order raises (runs start in plan order)
-    write_results(name, {"benchmark": name, "environment": env, "argv": ["python", "benchmarks/study.py", *argv],
-                         "args": vars(args), "models": str(models) if models else "built by each run",
-                         "wall_s_this_invocation": round(time.time() - t_study, 1), "runs": results},
-                  table(results, args, env["commit"]), results_dir=results_dir)
+    write(results, partial=False)
     return 0
 
 

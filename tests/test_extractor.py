@@ -42,7 +42,7 @@ def loop(tmp_path, store, embedder):
 
 
 def _entry_with_generation(loop, text, task):
-    g = loop._generate([f"distil {task}"], seed=1)[0]  # a real generation of the extractor
+    g = loop.generate([f"distil {task}"], seed=1)[0]  # a real generation of the extractor
     r = loop.manager.apply_operations([Operation("add", text=text, generation=g)], OpContext(env="e", task=task))[0]
     return r.new_id, g
 
@@ -228,7 +228,7 @@ def test_a_bad_answer_costs_only_itself_in_a_distillation_batch(loop, store):
     answers = {"task 0": good[0], "task 1": "<answer>[" + "9" * 5000 + "]</answer>", "task 2": good[1],
                "task 3": "<answer>" + "[" * 5000 + "]" * 5000 + "</answer>", "task 4": good[2]}
     # the answers are forced at the text level: a tiny model cannot score a 10,000-character answer
-    loop._generate = lambda users, **kw: [Generation(prompt=u, response=next(a for t, a in answers.items() if t in u))
+    loop.generate = lambda users, **kw: [Generation(prompt=u, response=next(a for t, a in answers.items() if t in u))
                                           for u in users]
     eps = [Episode(EpisodeSpec("e", i, False, i), Trajectory(env="e", task=f"task {i}", seed=i)) for i in range(5)]
     before = store.count()

@@ -106,7 +106,7 @@ class EnvSection:
 
 @dataclass
 class ModelSection:
-    path: str = "embedded:policy"  # a Hugging Face model folder, or embedded:policy / embedded:extractor
+    path: str = "embedded:policy"  # a Hugging Face model folder, or embedded:policy / embedded:extractor / embedded:extractor-weak
     # auto | hf | vllm | openai. openai: an OpenAI-compatible server (vLLM's, llama.cpp's, a hosted one) at base_url,
     # for inference roles only (a frozen actor or extractor, evaluation, A/B tests, the demo); `path` is then a local
     # folder with the served model's tokenizer and chat template (the prompts are built here, sent as text)
@@ -224,10 +224,17 @@ class ExtractorSection:
     merge_every: int = 5  # actor updates between periodic merges (0 = never)
     max_backlog: int = 256  # episodes waiting for distillation beyond this are dropped (counted in extractor/dropped)
     templates_file: str = ""  # YAML overriding prompt templates (trainers/prompts.py names)
+    # The extractor probe (trainers/probe.py): a fixed held-out set of `probe_size` finished trajectories on the seen
+    # recurring tasks, distilled greedily every `probe_every` steps and at a run's start and end, its entries checked
+    # (extractor/probe_*). 0 = no probe. Runs only where an env has an entry checker and env.task_set is set.
+    probe_every: int = 10
+    probe_size: int = 64
 
     def __post_init__(self) -> None:
         if self.buffer_size < 1 or self.op_budget < 1:
             raise ConfigError("extractor.buffer_size and extractor.op_budget must be >= 1")
+        if self.probe_every < 0 or self.probe_size < 1:
+            raise ConfigError("extractor.probe_every must be >= 0 (0 = no probe) and extractor.probe_size >= 1")
         if self.templates_file:
             # Read now, not when the extractor first needs it: a missing file would fail the run after it started.
             from trainers.prompts import load_templates
@@ -417,7 +424,7 @@ def embedded_build_mismatches(cfg: "RunConfig", built: dict[str, Any]) -> list[s
         if unknown:
             out.append(f"env.names has {', '.join(unknown)}, but the embedded policy was built on "
                        f"{', '.join(built.get('envs') or [])} only (rebuild with `comprl models init --envs ...`)")
-    if cfg.uses_experience and cfg.extractor.model.path == f"{EMBEDDED_PREFIX}extractor":
+    if cfg.uses_experience and cfg.extractor.model.path in (f"{EMBEDDED_PREFIX}extractor", f"{EMBEDDED_PREFIX}extractor-weak"):
         differ("extractor.trajectory_chars", cfg.extractor.trajectory_chars, "trajectory_chars", built.get("trajectory_chars"))
         differ("extractor.op_budget", cfg.extractor.op_budget, "op_budget", built.get("op_budget"))
     return out

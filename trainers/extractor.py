@@ -50,6 +50,19 @@ from trainers.rollout import Episode, derive_seed
 # -- the loop -----------------------------------------------------------------------------------------
 
 
+def extraction_user(templates: dict[str, str], xc: ExtractorSection, task: str, success: bool,
+                    steps: Sequence[tuple[str, str]], final_observation: str, previous: Sequence[str] = (),
+                    num_actions: int | None = None) -> str:
+    """The extraction prompt's user message for one finished episode: what a run's distillation shows the extractor
+    (and the probe, trainers/probe.py). `num_actions` defaults to the steps' count (an episode's search-and-ask turns
+    are steps but not actions)."""
+    return templates["EXTRACTOR_USER"].format(
+        task=task, outcome="success" if success else "failure", num_actions=len(steps) if num_actions is None else num_actions,
+        previous=P.numbered(list(previous)),
+        trajectory=P.trajectory_text(list(steps), max_chars=xc.trajectory_chars, final=final_observation),
+        budget=xc.op_budget)
+
+
 @dataclass
 class Sample:
     """One CISPO row: an extractor generation and the reward of what it produced."""
@@ -107,7 +120,7 @@ class ExperienceLoop:
 
     # -- generation --------------------------------------------------------------------------------
 
-    def _generate(self, user_texts: Sequence[str], *, seed: int, greedy: bool = False) -> list[Generation]:
+    def generate(self, user_texts: Sequence[str], *, seed: int, greedy: bool = False) -> list[Generation]:
         msgs = [[{"role": "system", "content": self.templates["EXTRACTOR_SYSTEM"]}, {"role": "user", "content": u}]
                 for u in user_texts]
         prompts = [list(self.infer.apply_chat_template(m, add_generation_prompt=True, tokenize=True)) for m in msgs]
@@ -154,6 +167,10 @@ class ExperienceLoop:
             if stop:
                 return
 
+    def distil_prompt(self, task: str, success: bool, steps: Sequence[tuple[str, str]], final_observation: str,
+                      previous: Sequence[str] = (), num_actions: int | None = None) -> str:
+        return extraction_user(self.templates, self.xc, task, success, steps, final_observation, previous, num_actions)
+
     def distil(self, work: Sequence[tuple[Episode, int]]) -> list[Parsed]:
         """One generate call for a batch of episodes; operations applied through the manager."""
         users, prev_ids = [], []
@@ -162,13 +179,9 @@ class ExperienceLoop:
             texts = self.manager.entry_texts(ids)
             ids = [i for i in ids if i in texts]
             prev_ids.append(ids)
-            outcome = "success" if e.success else "failure"
-            users.append(self.templates["EXTRACTOR_USER"].format(
-                task=e.traj.task, outcome=outcome, num_actions=e.traj.num_actions, previous=P.numbered([texts[i] for i in ids]),
-                trajectory=P.trajectory_text([(s.observation, s.action) for s in e.traj.steps], max_chars=self.xc.trajectory_chars,
-                                             final=e.traj.final_observation),
-                budget=self.xc.op_budget))
-        gens = self._generate(users, seed=derive_seed(self.seed, work[0][1], "distil", len(users)))
+            users.append(self.distil_prompt(e.traj.task, e.success, [(s.observation, s.action) for s in e.traj.steps],
+                                            e.traj.final_observation, [texts[i] for i in ids], e.traj.num_actions))
+        gens = self.generate(users, seed=derive_seed(self.seed, work[0][1], "distil", len(users)))
         results = []
         for (e, step), ids, g in zip(work, prev_ids, gens):
             parsed = parse_extraction(g.response, ids, budget=self.xc.op_budget, max_chars=self.library.manager.max_text_chars)
@@ -205,7 +218,7 @@ class ExperienceLoop:
             return "", [], None
         self.counters["tool_hits"] += 1
         user = self.templates["REWRITE_USER"].format(task=task, query=query, entry=hits[0].text)
-        gen = self._generate([user], seed=derive_seed(self.seed, step, "rewrite", self.counters["tool_calls"]))[0]
+        gen = self.generate([user], seed=derive_seed(self.seed, step, "rewrite", self.counters["tool_calls"]))[0]
         answer = parse_rewrite(gen.response) or hits[0].text  # an unparsable rewrite falls back to the entry itself
         return answer, [hits[0].entry_id], gen
 
@@ -243,7 +256,11 @@ class ExperienceLoop:
                         self.buffer.append(Sample(None, list(g.prompt_ids), list(g.response_ids), list(g.response_logprobs),
                                                   1.0 if e.success else -1.0))
                         new += 1
-        return {"extractor/new_samples": float(new), "retrieval/hit_rate": _hit_rate(episodes)}
+        # the signal's density (issue: can the extractor learn from it?): how many episodes each entry's reward averages
+        readers = [sum(i in set(ids) for ids in retrieved) for i in rewards]
+        return {"extractor/new_samples": float(new), "retrieval/hit_rate": _hit_rate(episodes),
+                **({"extractor/episodes_per_entry_reward": sum(readers) / len(readers),
+                    "extractor/entries_rewarded": float(len(readers))} if readers else {})}
 
     def maybe_update(self, step: int) -> dict[str, float]:
         if not self.trains or len(self.buffer) < self.xc.buffer_size:
@@ -304,6 +321,8 @@ class ExperienceLoop:
             "extractor/loss": total, "extractor/reward_mean": float(rewards.mean()), "extractor/grad_norm": float(grad_norm),
             "extractor/weight_mean": float(w.mean()), "extractor/weight_zero_frac": float((w == 0).float().mean()),
             "extractor/clip_frac": sum(x["clip_frac"] for x in st) / len(st), "extractor/updates": float(self.updates),
+            # samples whose advantage is not zero: the only ones the update learns from
+            "extractor/frac_nonzero_adv": float((adv.abs() > 1e-8).float().mean()), "extractor/reward_std": float(rewards.std(unbiased=False)),
             "extractor/lr": lr,
         }
 
@@ -341,7 +360,7 @@ class ExperienceLoop:
 
         def merge_batch(chunks: list[list[Experience]]) -> list[list[Operation] | str]:
             users = [self.templates["MERGE_USER"].format(task=c[0].task, entries=P.numbered([e.text for e in c])) for c in chunks]
-            gens = self._generate(users, seed=derive_seed(self.seed, step, "merge", chunks[0][0].id), greedy=True)
+            gens = self.generate(users, seed=derive_seed(self.seed, step, "merge", chunks[0][0].id), greedy=True)
             out = []
             for c, g in zip(chunks, gens):
                 p = parse_merge_answer(g.response, c)

@@ -63,6 +63,12 @@ PANELS: tuple[Panel, ...] = (
         CurveKey("library/entry_correct_share", "library entries right", "dashdot"),
         CurveKey("extractor/new_entry_correct_share", "new entries right", "dash"),
         CurveKey("extractor/loss", "loss", "dot", axis=2)), "loss"),
+    # The extractor's skill apart from the policy (trainers/probe.py): a fixed held-out set distilled greedily.
+    Panel("probe", "Extractor probe: its entries on held-out trajectories", (
+        CurveKey("extractor/probe_correct", "entries right"),
+        CurveKey("extractor/probe_wrong", "entries wrong", "dash"),
+        CurveKey("extractor/probe_unverifiable", "entries unverifiable", "dot"),
+        CurveKey("extractor/probe_valid", "answers that parse", "dashdot"))),
     Panel("library", "Library size and churn", (CurveKey("library/size", "size"),
                                                 CurveKey("library/adds", "adds", "dash", axis=2),
                                                 CurveKey("library/merges", "merges", "dot", axis=2)), "adds / merges"),

@@ -63,13 +63,16 @@ def demo_tokenizer(cfg: WarmStartConfig, demos: Sequence[Demo]) -> Any:
 
 
 def train_extractor(cfg: WarmStartConfig, demos: Sequence[Demo], tokenizer: Any, *, tick: Callable[[int], None] | None = None,
-                    stage: Callable[[str], None] | None = None) -> tuple[Any, list[SFTExample], int, list[float], list[float]]:
-    """The extractor's stages (steps 4-5): extraction on short prompts, then every example kind.
+                    stage: Callable[[str], None] | None = None,
+                    taught: Callable[[Demo], Demo] | None = None) -> tuple[Any, list[SFTExample], int, list[float], list[float]]:
+    """The extractor's stages (steps 4-5): extraction on short prompts, then every example kind. `taught`: the demo
+    whose answer each demo's prompt is taught (extractor_examples; the weak start's, trainers/warmstart/weak.py).
     Returns (model, examples, dropped, losses, short-prompt losses)."""
     stage = stage or (lambda name: None)
+    taught = taught or (lambda d: d)
     pad_id = int(tokenizer.pad_token_id)
     stage("extractor SFT")
-    ext_ex, ext_dropped = extractor_examples(demos, tokenizer, cfg)
+    ext_ex, ext_dropped = extractor_examples(demos, tokenizer, cfg, taught=taught)
     if not ext_ex:
         raise RuntimeError(f"no extractor example fits max_seq_len={cfg.max_seq_len}; raise WarmStartConfig.max_seq_len")
     extractor = build_tiny_qwen2(tokenizer, cfg.extractor_hidden, cfg.extractor_layers, cfg.extractor_heads,
@@ -77,7 +80,7 @@ def train_extractor(cfg: WarmStartConfig, demos: Sequence[Demo], tokenizer: Any,
     short_losses: list[float] = []
     if cfg.extractor_short_steps > 0:
         stage("extractor SFT (short prompts)")
-        short_pairs = [(_extractor_prompt(cfg, d, short=True), _extractor_target(d)[1]) for d in demos if d.final_observation]
+        short_pairs = [(_extractor_prompt(cfg, d, short=True), _extractor_target(taught(d))[1]) for d in demos if d.final_observation]
         short_ex = [ex for ex in (_join(tokenizer, _chat_ids(tokenizer, m), a, "extractor/short") for m, a in short_pairs)
                     if len(ex.input_ids) <= cfg.max_seq_len]
         if short_ex:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from core.types import format_entry_text
@@ -256,12 +256,14 @@ def _merge_messages(task: str, entries: Sequence[str]) -> list[dict[str, str]]:
     return [{"role": "system", "content": P.EXTRACTOR_SYSTEM}, {"role": "user", "content": user}]
 
 
-def extractor_examples(demos: Sequence[Demo], tokenizer: Any, cfg: WarmStartConfig) -> tuple[list[SFTExample], int]:
-    """Extraction answers for every demo, plus search-and-ask rewrites and merges (step 5)."""
+def extractor_examples(demos: Sequence[Demo], tokenizer: Any, cfg: WarmStartConfig, *,
+                       taught: Callable[[Demo], Demo] | None = None) -> tuple[list[SFTExample], int]:
+    """Extraction answers for every demo, plus search-and-ask rewrites and merges (step 5). `taught` maps a demo to the
+    one whose answer its prompt is taught (default: its own; trainers/warmstart/weak.py teaches another layout's)."""
     rng = random.Random(f"{cfg.seed}/extractor")
     pairs: list[tuple[list[dict[str, str]], str, str]] = []
     for d in demos:
-        _, ans = _extractor_target(d)
+        _, ans = _extractor_target(taught(d) if taught else d)
         pairs.append((_extractor_prompt(cfg, d), ans, "extractor/extract"))
     for d in rng.sample(list(demos), k=min(len(demos), max(8, len(demos) // 6))):
         msgs, ans = _rewrite_example(d, rng)
