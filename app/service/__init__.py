@@ -19,11 +19,12 @@ import os
 import threading
 import uuid
 from collections import OrderedDict
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from app.service.common import (
-    BUILD_SHOWN_S, CONFIG_DIR, DEFAULT_UPLOAD_CAP_MB, log, LOG_TAIL_BYTES, MAX_SEEDS, parse_ids,
+    BUILD_SHOWN_S, CONFIG_DIR, DEFAULT_UPLOAD_CAP_MB, ENV_LOCK, log, LOG_TAIL_BYTES, MAX_SEEDS, parse_ids,
     parse_seeds, _redact, ROOT, trainer_available, UserInputError, whole_number,
 )
 from app.service.curves import CurveSession, CurvesPart, MetricCache, PULL_INTERVAL_S, ROWS_PER_KEY_PER_PULL
@@ -51,8 +52,13 @@ class Workbench(RunsPart, CurvesPart, LibraryPart, AbTestsPart, DemoPart):
         self.upload_cap_bytes = int(upload_cap_mb * 1024 * 1024)
         self._embedder = embedder
         self._manager = None
-        self._checker = None  # envs/entry_check.py, built on the first recurring-task entry shown
-        self._manager_lock = threading.Lock()
+        self._checker = None  # envs/entry_check.py, built on the first recurring-task entry shown, under ENV_LOCK
+        self._manager_lock = threading.Lock()  # the manager is built once (loading the embedder takes seconds)
+        # One search through the manager at a time (`searching`): its sync embeds the entries written without an
+        # embedder and changes the index, and the query is embedded by that same embedder. The manager already
+        # serialises its own syncs and the embedder its model; this lock makes the workbench, not those internals,
+        # the owner of the order, for every request path that syncs (search, near-duplicates, the demo's retrieval).
+        self._search_lock = threading.Lock()
         self._max_sessions = max_sessions
         self.metrics = MetricCache(self.store)
         self._curves: OrderedDict[str, CurveSession] = OrderedDict()
@@ -67,14 +73,16 @@ class Workbench(RunsPart, CurvesPart, LibraryPart, AbTestsPart, DemoPart):
         with self._sessions_lock:
             for p in self._plays.values():
                 try:
-                    p.player.close()
+                    with ENV_LOCK:
+                        p.player.close()
                 except Exception:
                     log.exception("closing a player failed")
             self._plays.clear()
         if self._manager is not None:
             self._manager.close()
         if self._checker is not None:
-            self._checker.close()
+            with ENV_LOCK:
+                self._checker.close()
         self.store.close()
 
     def overview_md(self) -> str:
@@ -97,6 +105,15 @@ class Workbench(RunsPart, CurvesPart, LibraryPart, AbTestsPart, DemoPart):
                 self._manager = ExperienceManager(self.store, embedder, cfg.manager, cfg.index)
             return self._manager
 
+    @contextmanager
+    def searching(self) -> Iterator[ExperienceManager]:
+        """The manager, in step with the store, held for one search (semantic search, near-duplicates, the demo's
+        retrieval): every request thread that embeds or reads the index comes through here, one at a time."""
+        m = self.manager()
+        with self._search_lock:
+            m.sync()  # embeds entries written without an embedder (an import, the UI)
+            yield m
+
     def warm_up(self) -> None:
         """Load the embedder and index in the background so the first search is quick."""
         threading.Thread(target=self.manager, name="workbench-warmup", daemon=True).start()
@@ -111,12 +128,13 @@ class Workbench(RunsPart, CurvesPart, LibraryPart, AbTestsPart, DemoPart):
             while len(table) > self._max_sessions:
                 _, old = table.popitem(last=False)
                 if isinstance(old, _Play):
-                    old.player.close()
+                    with ENV_LOCK:
+                        old.player.close()
             return token, table[token]
 
 
 __all__ = [
-    "ab_pairs", "ARM_KINDS", "BUILD_SHOWN_S", "CONFIG_DIR", "CurveSession", "DEFAULT_UPLOAD_CAP_MB",
+    "ab_pairs", "ARM_KINDS", "BUILD_SHOWN_S", "CONFIG_DIR", "CurveSession", "DEFAULT_UPLOAD_CAP_MB", "ENV_LOCK",
     "demo_actor_kwargs", "log", "LOG_TAIL_BYTES", "MAX_SEEDS", "MetricCache", "parse_ids",
     "parse_seeds", "PULL_INTERVAL_S", "ROOT", "ROWS_PER_KEY_PER_PULL", "trainer_available", "UserInputError",
     "whole_number", "Workbench",

@@ -7,6 +7,7 @@ import importlib
 import logging
 import os
 import re
+import threading
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -22,6 +23,13 @@ DEFAULT_UPLOAD_CAP_MB = 20.0
 MAX_SEEDS = 10_000
 LOG_TAIL_BYTES = 64_000
 BUILD_SHOWN_S = 600.0  # a finished model build stays on the Runs tab this long ("models ready")
+
+# The one owner of the native envs this process plays (the entry checker's and the demo's, envs/minihack.py). NLE
+# loads a private copy of libnethack per env and reloads it on reset; two threads doing that at once race in
+# `nledl_init` ("library /proc/self/fd/N is already loaded") and the app dies of a double free (two first library page
+# loads did). NLE's state is per process, not per Workbench, so the lock is too: every build, reset, step and close of
+# an env in the workbench process holds it. Reentrant: closing a player inside a locked section is fine.
+ENV_LOCK = threading.RLock()
 
 
 class UserInputError(ValueError):

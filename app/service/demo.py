@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 
 from app import views
-from app.service.common import _err, _maybe_id, UserInputError, whole_number
+from app.service.common import ENV_LOCK, _err, _maybe_id, UserInputError, whole_number
 from core import build_progress
 from core.store import StoreError
 from envs.registry import list_envs
@@ -99,9 +99,8 @@ class DemoPart:
         return "Live policy play is available."
 
     def _retrieved_for(self, env_name: str, task: str) -> tuple[str, str]:
-        m = self.manager()
-        m.sync()
-        hits = m.search_sync([task], k=1, task=env_name)[0]
+        with self.searching() as m:
+            hits = m.search_sync([task], k=1, task=env_name)[0]
         if not hits:
             return "", "the library has no entry for this env"
         return hits[0].text, f"entry #{hits[0].entry_id}, similarity {hits[0].score:.2f} (the expert does not read it)"
@@ -112,7 +111,8 @@ class DemoPart:
         with self._sessions_lock:
             old = self._plays.pop(token, None) if token else None
         if old is not None:
-            old.player.close()
+            with ENV_LOCK:
+                old.player.close()
         try:
             seed_i = whole_number(seed, "the task seed", lo=0)
         except UserInputError as e:
@@ -152,7 +152,8 @@ class DemoPart:
             else:
                 player = EpisodePlayer(env_name, seed_i, expert=True, use_library=False)
                 play = _Play(player, "expert")
-            first = play.player.reset()
+            with ENV_LOCK:  # builds the env and resets it (app/service/common.py)
+                first = play.player.reset()
             if mode != "policy" and use_library:
                 task = getattr(player.env, "task", "")
                 play.experience, play.note = self._retrieved_for(env_name, task) if task else ("", "")
@@ -177,7 +178,10 @@ class DemoPart:
             if play.done:
                 return views.live_episode_html(play.turns, play.experience, play.note), _episode_status(play), True
             try:
-                turn = play.player.step()
+                # Under ENV_LOCK too: a policy's turn holds it through its generation as well (the player does both
+                # in one call), which at worst delays another env's build by one turn.
+                with ENV_LOCK:
+                    turn = play.player.step()
             except Exception as e:
                 return (views.live_episode_html(play.turns, play.experience, play.note),
                         _err(f"the episode stopped: {type(e).__name__}: {e}"), True)

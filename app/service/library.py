@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from app import views
-from app.service.common import _cosine, _err, _ok, parse_ids, UserInputError, whole_number
+from app.service.common import _cosine, ENV_LOCK, _err, _ok, parse_ids, UserInputError, whole_number
 from core import library_io, merge
 from core.library_io import MAX_ENTRY_CHARS
 from core.store import INT32, NewEntry, StaleWriteError, StoreError, text_diff
@@ -47,18 +47,20 @@ class LibraryPart:
 
     def verdicts(self, entries: Sequence[Experience]) -> list[str]:
         """Per entry, whether its claim about its task's level is right (envs/entry_check.py); "unknown" where the
-        task is not a recurring one of an env with a checker. Each level is learned once per workbench."""
+        task is not a recurring one of an env with a checker. Each level is learned once per workbench, by the
+        scripted expert playing it in a real env: under ENV_LOCK (app/service/common.py), like every env here."""
+        checkable = [task_id_of(e.task) is not None and EntryChecker.supports(e.env) for e in entries]
+        if not any(checkable):
+            return ["unknown"] * len(entries)
         out = []
-        for e in entries:
-            if task_id_of(e.task) is None or not EntryChecker.supports(e.env):
-                out.append("unknown")
-                continue
+        with ENV_LOCK:
             if self._checker is None:
                 self._checker = EntryChecker()
-            try:
-                out.append(self._checker.verdict(e.env, e.task, e.text))
-            except Exception:  # an env that cannot be built here: nothing to say, never a broken table
-                out.append("unknown")
+            for e, ok in zip(entries, checkable):
+                try:
+                    out.append(self._checker.verdict(e.env, e.task, e.text) if ok else "unknown")
+                except Exception:  # an env that cannot be built here: nothing to say, never a broken table
+                    out.append("unknown")
         return out
 
     def semantic_search(self, query: str, env: str | None = None, k: Any = 20) -> tuple[pd.DataFrame, str]:
@@ -68,17 +70,16 @@ class LibraryPart:
             k = min(200, whole_number(k or 20, "the number of results", lo=1, hi=INT32[1]))
         except UserInputError as e:
             return views.entries_table([], scores=[]), _err(str(e))
-        m = self.manager()
-        m.sync()  # embeds entries written without an embedder
-        # By the entry's own text (its title, description and content), not its task key: every entry of one task
-        # has the same key, so a search by key ties them all. The key's score is shown beside it.
-        ids, vecs, entries = self.store.active_vectors("text")
-        if env:
-            keep = np.array([e.env == env for e in entries], dtype=bool)
-            ids, vecs, entries = ids[keep], vecs[keep], [e for e, k in zip(entries, keep) if k]
-        if not len(ids):
-            return views.entries_table([], scores=[]), "no active entry to search" + (f" in env {env}" if env else "")
-        qv = np.asarray(m.embedder.embed_queries([query])[0], dtype=np.float32)
+        with self.searching() as m:
+            # By the entry's own text (its title, description and content), not its task key: every entry of one
+            # task has the same key, so a search by key ties them all. The key's score is shown beside it.
+            ids, vecs, entries = self.store.active_vectors("text")
+            if env:
+                keep = np.array([e.env == env for e in entries], dtype=bool)
+                ids, vecs, entries = ids[keep], vecs[keep], [e for e, k in zip(entries, keep) if k]
+            if not len(ids):
+                return views.entries_table([], scores=[]), "no active entry to search" + (f" in env {env}" if env else "")
+            qv = np.asarray(m.embedder.embed_queries([query])[0], dtype=np.float32)
         scores = _cosine(vecs, qv)
         order = np.argsort(-scores, kind="stable")[:k]
         keyvecs = self.store.embeddings([int(ids[i]) for i in order], key="query")
@@ -263,8 +264,8 @@ class LibraryPart:
             return views.clusters_table([], {}), _err("the threshold is a cosine similarity, e.g. 0.9")
         if not -1.0 <= th <= 1.0:
             return views.clusters_table([], {}), _err("the threshold is a cosine similarity within [-1, 1]")
-        self.manager().sync()  # embeds entries that have no text embedding yet
-        clusters = merge.find_near_duplicates(self.store, threshold=th, across_tasks=bool(across_tasks))
+        with self.searching():  # embeds entries that have no text embedding yet
+            clusters = merge.find_near_duplicates(self.store, threshold=th, across_tasks=bool(across_tasks))
         entries = self.store.get_many([i for c in clusters[:200] for i in c])
         return (views.clusters_table(clusters[:200], entries),
                 f"{len(clusters)} near-duplicate clusters at cosine ≥ {th}" + (" (first 200 shown)" if len(clusters) > 200 else ""))
