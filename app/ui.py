@@ -339,136 +339,198 @@ def build(wb: Workbench) -> gr.Blocks:
                     r_html = gr.HTML(elem_id="replay-episode", js_on_load=html_js)
 
         # ======================================================================== wiring
+        # Every event a script may call has an `api_name`: the app's API page and gradio_client list those (the table
+        # in docs/workbench.md, "Scripting the workbench"; tests/test_ui_api.py pins the list). The rest are PRIVATE:
+        # timers that repaint, `.then` steps that move a value between components, page arithmetic, play/pause, and
+        # every further trigger of an endpoint that already has its name (Gradio would number a repeated name).
         hidden = "hidden"
+        # (Named too, "internal", "internal_1" ...: unnamed, each would take its function's name and push an endpoint's
+        # own name to "curves_1".)
+        PRIVATE = dict(api_visibility="private", api_name="internal")
+        # Concurrency on purpose for the heavy endpoints (each event otherwise gets the queue's default of 4, each on
+        # its own). A search (and the near-duplicate queue) goes through the service's search lock, one at a time: its
+        # sync embeds entries and changes the index (Workbench.searching). The library page's verdicts play levels in
+        # real envs under the env lock (app/service/common.py ENV_LOCK). More than two of either in flight would only
+        # hold Gradio worker threads waiting on a lock; the rest wait in the queue, where the page shows their place.
+        # One group per endpoint, so the nine triggers of the library page (and the first paint) share its two slots.
+        LIB = dict(concurrency_id="library_page", concurrency_limit=2)
+        SEARCH = dict(concurrency_id="search", concurrency_limit=2)
+        # An A/B test writes its arms' library files and starts an evaluator process that plays hundreds of episodes,
+        # and an import writes up to the upload cap in one transaction (SQLite has one writer): one at a time each.
+        # A demo start may load a policy model: two at once at most.
+        AB_CREATE = dict(concurrency_id="create_ab_test", concurrency_limit=1)
+        IMPORT = dict(concurrency_id="import_library", concurrency_limit=1)
+        DEMO_START = dict(concurrency_id="demo_start", concurrency_limit=2)
+
         # Runs
-        table_timer.tick(lambda: (wb.runs_table(), wb.overview_md()), outputs=[runs_df, header], show_progress=hidden)
-        table_timer.tick(lambda: (wb.build_html(),) * 2, outputs=[build_runs, build_curves], show_progress=hidden)
+        table_timer.tick(wb.runs_table, outputs=runs_df, show_progress=hidden, api_name="runs_table")
+        table_timer.tick(wb.overview_md, outputs=header, show_progress=hidden, **PRIVATE)
+        table_timer.tick(lambda: (wb.build_html(),) * 2, outputs=[build_runs, build_curves], show_progress=hidden, **PRIVATE)
         table_timer.tick(lambda rid: wb.run_details(rid or wb.live_run_id()) if rid or wb.live_run_id() else gr.skip(),
-                         inputs=run_id, outputs=run_details, show_progress=hidden)
+                         inputs=run_id, outputs=run_details, show_progress=hidden, **PRIVATE)
         # With no run chosen, the log and details of the running run (a new user's first run) are shown.
         table_timer.tick(lambda rid: wb.log_tail(rid) if rid else (wb.log_tail(live) if (live := wb.live_run_id()) else gr.skip()),
-                         inputs=run_id, outputs=run_log, show_progress=hidden)
-        table_timer.tick(lambda: wb.launch_log_tail(), outputs=launch_log, show_progress=hidden)
-        runs_df.select(_row_first_cell, outputs=run_id).then(lambda rid: (wb.log_tail(rid), wb.run_details(rid)), inputs=run_id,
-                                                              outputs=[run_log, run_details])
-        run_id.submit(lambda rid: (wb.log_tail(rid), wb.run_details(rid)), inputs=run_id, outputs=[run_log, run_details])
-        pause_btn.click(lambda rid: wb.run_command(rid, "pause"), inputs=run_id, outputs=run_msg)
-        resume_btn.click(lambda rid: wb.run_command(rid, "resume"), inputs=run_id, outputs=run_msg)
-        stop_btn.click(lambda rid: wb.run_command(rid, "stop"), inputs=run_id, outputs=run_msg)
-        fork_btn.click(lambda rid, n: wb.resume_run(rid, n), inputs=[run_id, fork_steps], outputs=run_msg)
-        fork_new_btn.click(lambda rid, n: wb.fork_run(rid, n), inputs=[run_id, fork_steps], outputs=run_msg)
-        cfg_choice.change(lambda name: wb.config_text(name), inputs=cfg_choice, outputs=cfg_editor)
-        validate_btn.click(lambda text: wb.validate_config(text), inputs=cfg_editor, outputs=cfg_msg)
-        launch_btn.click(lambda text, n: wb.launch_run(text, n), inputs=[cfg_editor, launch_steps], outputs=cfg_msg)
+                         inputs=run_id, outputs=run_log, show_progress=hidden, **PRIVATE)
+        table_timer.tick(wb.launch_log_tail, outputs=launch_log, show_progress=hidden, **PRIVATE)
+        runs_df.select(_row_first_cell, outputs=run_id, **PRIVATE).then(
+            lambda rid: (wb.log_tail(rid), wb.run_details(rid)), inputs=run_id, outputs=[run_log, run_details], **PRIVATE)
+        run_id.submit(wb.run_details, inputs=run_id, outputs=run_details, api_name="run_details")
+        run_id.submit(wb.log_tail, inputs=run_id, outputs=run_log, api_name="run_log")
+
+        def pause_run(run_id: str) -> str:
+            """Ask a run to pause; it acts on it at its next step."""
+            return wb.run_command(run_id, "pause")
+
+        def resume_run(run_id: str) -> str:
+            """Ask a paused run to go on."""
+            return wb.run_command(run_id, "resume")
+
+        def stop_run(run_id: str) -> str:
+            """Ask a run to stop; it acts on it at its next step."""
+            return wb.run_command(run_id, "stop")
+
+        pause_btn.click(pause_run, inputs=run_id, outputs=run_msg, api_name="pause_run")
+        resume_btn.click(resume_run, inputs=run_id, outputs=run_msg, api_name="resume_run")
+        stop_btn.click(stop_run, inputs=run_id, outputs=run_msg, api_name="stop_run")
+        fork_btn.click(wb.resume_run, inputs=[run_id, fork_steps], outputs=run_msg, api_name="resume_checkpoint")
+        fork_new_btn.click(wb.fork_run, inputs=[run_id, fork_steps], outputs=run_msg, api_name="fork_run")
+        cfg_choice.change(wb.config_text, inputs=cfg_choice, outputs=cfg_editor, api_name="shipped_config")
+        validate_btn.click(wb.validate_config, inputs=cfg_editor, outputs=cfg_msg, api_name="validate_config")
+        launch_btn.click(wb.launch_run, inputs=[cfg_editor, launch_steps], outputs=cfg_msg, api_name="launch_run")
 
         # Live curves
         curve_inputs = [curve_token, curve_runs, smoothing, x_axis]
         curve_outputs = [curve_token, curve_status, *plots]
-        curve_timer.tick(lambda *a: _curves_out(wb.refresh_curves(*a)), inputs=curve_inputs, outputs=curve_outputs,
-                         show_progress=hidden, concurrency_limit=8, trigger_mode="once")
-        for comp in (curve_runs, smoothing, x_axis):
-            comp.change(lambda *a: _curves_out(wb.refresh_curves(*a)), inputs=curve_inputs, outputs=curve_outputs,
-                        show_progress=hidden)
+
+        def curves(token: str | None, run_ids: list[int] | None, smoothing: float, x_axis: str) -> tuple:
+            """The live curves of the chosen runs; each call fetches only the points newer than the session's cursor."""
+            return _curves_out(wb.refresh_curves(token, run_ids, smoothing, x_axis))
+
+        curve_timer.tick(curves, inputs=curve_inputs, outputs=curve_outputs, show_progress=hidden, concurrency_limit=8,
+                         trigger_mode="once", **PRIVATE)
+        curve_runs.change(curves, inputs=curve_inputs, outputs=curve_outputs, show_progress=hidden, api_name="curves")
+        for comp in (smoothing, x_axis):
+            comp.change(curves, inputs=curve_inputs, outputs=curve_outputs, show_progress=hidden, **PRIVATE)
         # Log boxes follow the end of their log (Gradio's autoscroll does not, for a value set by the server).
         for box in ("run-log", "launch-log", "ab-log"):
             {"run-log": run_log, "launch-log": launch_log, "ab-log": ab_log}[box].change(
                 None, js=FOLLOW_END_JS.replace("BOX", box))
-        csv_btn.click(lambda runs, panel: wb.curves_csv(runs, panel), inputs=[curve_runs, csv_panel], outputs=[csv_file, csv_msg])
+        csv_btn.click(wb.curves_csv, inputs=[curve_runs, csv_panel], outputs=[csv_file, csv_msg], api_name="curves_csv")
         table_timer.tick(lambda old: _choices(wb.run_choices(), old), inputs=curve_choices,
-                         outputs=[curve_runs, curve_choices], show_progress=hidden)
+                         outputs=[curve_runs, curve_choices], show_progress=hidden, **PRIVATE)
 
         # Library table
         page_inputs = [f_env, f_source, f_status, f_text, f_sort, f_desc, f_page, f_size]
-        for ev in (refresh_btn.click, f_text.submit, f_env.change, f_source.change, f_status.change, f_sort.change,
-                   f_desc.change, f_size.change, f_page.submit):
-            ev(lambda *a: wb.library_page(*a), inputs=page_inputs, outputs=[lib_df, page_md])
-        prev_btn.click(lambda p: max(1, int(p or 1) - 1), inputs=f_page, outputs=f_page).then(
-            lambda *a: wb.library_page(*a), inputs=page_inputs, outputs=[lib_df, page_md])
-        next_btn.click(lambda p: int(p or 1) + 1, inputs=f_page, outputs=f_page).then(
-            lambda *a: wb.library_page(*a), inputs=page_inputs, outputs=[lib_df, page_md])
-        q_btn.click(lambda q, env, k: wb.semantic_search(q, env, k), inputs=[q_text, f_env, q_k], outputs=[q_df, q_md])
-        q_text.submit(lambda q, env, k: wb.semantic_search(q, env, k), inputs=[q_text, f_env, q_k], outputs=[q_df, q_md])
+        refresh_table = dict(fn=wb.library_page, inputs=page_inputs, outputs=[lib_df, page_md], **LIB)
+        refresh_btn.click(**refresh_table, api_name="library_page")
+        for ev in (f_text.submit, f_env.change, f_source.change, f_status.change, f_sort.change, f_desc.change,
+                   f_size.change, f_page.submit):
+            ev(**refresh_table, **PRIVATE)
+        prev_btn.click(lambda p: max(1, int(p or 1) - 1), inputs=f_page, outputs=f_page, **PRIVATE).then(
+            **refresh_table, **PRIVATE)
+        next_btn.click(lambda p: int(p or 1) + 1, inputs=f_page, outputs=f_page, **PRIVATE).then(**refresh_table, **PRIVATE)
+        search = dict(fn=wb.semantic_search, inputs=[q_text, f_env, q_k], outputs=[q_df, q_md], **SEARCH)
+        q_btn.click(**search, api_name="semantic_search")
+        q_text.submit(**search, **PRIVATE)
 
         # One entry
         full_outputs = [e_loaded, e_meta, e_text, e_version, e_lineage, e_usage, e_history, v_from, v_to, v_revert, e_usage_note,
                         e_src_btn]
         panel_outputs = [e_loaded, e_meta, e_lineage, e_usage, e_history, v_from, v_to, v_revert, e_usage_note, e_src_btn]
-        e_src_btn.click(lambda i: wb.source_episode_html(i), inputs=e_id, outputs=e_src_html)
-        refresh_table = dict(fn=lambda *a: wb.library_page(*a), inputs=page_inputs, outputs=[lib_df, page_md])
+        e_src_btn.click(wb.source_episode_html, inputs=e_id, outputs=e_src_html, api_name="source_episode")
 
-        def open_full(eid: Any) -> tuple:
-            return _entry_out(wb.open_entry(eid), with_text=True)
+        def open_entry(entry_id: str) -> tuple:
+            """One entry: its text, version, metadata, lineage, usage and version history."""
+            return _entry_out(wb.open_entry(entry_id), with_text=True)
 
         def refresh_panel(eid: Any) -> tuple:
             return _entry_out(wb.open_entry(eid), with_text=False)
 
-        e_open.click(open_full, inputs=e_id, outputs=full_outputs)
-        e_id.submit(open_full, inputs=e_id, outputs=full_outputs)
+        def archive_entry(entry_id: str, loaded_version: int) -> tuple[str, int | None]:
+            """Archive an entry (retrieval stops returning it); refused if it changed since `loaded_version`."""
+            return wb.set_entry_status(entry_id, loaded_version, "archived")
+
+        def restore_entry(entry_id: str, loaded_version: int) -> tuple[str, int | None]:
+            """Make an archived entry active again; refused if it changed since `loaded_version`."""
+            return wb.set_entry_status(entry_id, loaded_version, "active")
+
+        reopen = dict(fn=open_entry, inputs=e_id, outputs=full_outputs, **PRIVATE)
+        repanel = dict(fn=refresh_panel, inputs=e_id, outputs=panel_outputs, **PRIVATE)
+        e_open.click(open_entry, inputs=e_id, outputs=full_outputs, api_name="open_entry")
+        e_id.submit(**reopen)
         for table in (lib_df, q_df):
-            table.select(_row_first_cell, outputs=e_id).then(open_full, inputs=e_id, outputs=full_outputs)
-        e_save.click(lambda i, t, v: wb.save_entry(i, t, v), inputs=[e_id, e_text, e_version], outputs=[e_msg, e_version]
-                     ).then(refresh_panel, inputs=e_id, outputs=panel_outputs)
-        e_archive.click(lambda i, v: wb.set_entry_status(i, v, "archived"), inputs=[e_id, e_version],
-                        outputs=[e_msg, e_version]).then(refresh_panel, inputs=e_id, outputs=panel_outputs)
-        e_restore.click(lambda i, v: wb.set_entry_status(i, v, "active"), inputs=[e_id, e_version],
-                        outputs=[e_msg, e_version]).then(refresh_panel, inputs=e_id, outputs=panel_outputs)
-        diff_btn.click(lambda i, a, b: wb.diff_versions(i, a, b), inputs=[e_id, v_from, v_to], outputs=diff_html)
-        revert_btn.click(lambda i, to, v: wb.revert_entry(i, to, v), inputs=[e_id, v_revert, e_version],
-                         outputs=[e_msg, e_version]).then(open_full, inputs=e_id, outputs=full_outputs)
+            table.select(_row_first_cell, outputs=e_id, **PRIVATE).then(**reopen)
+        e_save.click(wb.save_entry, inputs=[e_id, e_text, e_version], outputs=[e_msg, e_version], api_name="edit_entry"
+                     ).then(**repanel)
+        e_archive.click(archive_entry, inputs=[e_id, e_version], outputs=[e_msg, e_version], api_name="archive_entry"
+                        ).then(**repanel)
+        e_restore.click(restore_entry, inputs=[e_id, e_version], outputs=[e_msg, e_version], api_name="restore_entry"
+                        ).then(**repanel)
+        diff_btn.click(wb.diff_versions, inputs=[e_id, v_from, v_to], outputs=diff_html, api_name="diff_versions")
+        revert_btn.click(wb.revert_entry, inputs=[e_id, v_revert, e_version], outputs=[e_msg, e_version],
+                         api_name="revert_entry").then(**reopen)
         e_to_merge.click(lambda ids, i: f"{ids}, {str(i).strip()}".strip(", ") if str(i or "").strip() else ids,
-                         inputs=[m_ids, e_id], outputs=m_ids)
-        c_btn.click(lambda t, d, c, env, task: wb.create_entry(t, d, c, env, task),
-                    inputs=[c_title, c_desc, c_content, c_env, c_task], outputs=[c_msg, e_id]
-                    ).then(open_full, inputs=e_id, outputs=full_outputs).then(**refresh_table)
+                         inputs=[m_ids, e_id], outputs=m_ids, **PRIVATE)
+        c_btn.click(wb.create_entry, inputs=[c_title, c_desc, c_content, c_env, c_task], outputs=[c_msg, e_id],
+                    api_name="create_entry").then(**reopen).then(**refresh_table, **PRIVATE)
         for ev in (e_save.click, e_archive.click, e_restore.click, revert_btn.click):
-            ev(**refresh_table)
+            ev(**refresh_table, **PRIVATE)
 
         # Merge
-        m_propose.click(lambda ids: wb.propose_merge(ids), inputs=m_ids, outputs=[m_text, m_note])
-        m_preview.click(lambda ids, t: wb.merge_preview(ids, t), inputs=[m_ids, m_text], outputs=m_diff)
-        m_accept.click(lambda ids, t: wb.accept_merge(ids, t), inputs=[m_ids, m_text], outputs=[m_msg, e_id]
-                       ).then(open_full, inputs=e_id, outputs=full_outputs).then(**refresh_table)
-        m_undo.click(lambda i: wb.undo_merge(i), inputs=m_undo_id, outputs=m_msg).then(**refresh_table)
-        d_btn.click(lambda th, across: wb.duplicate_clusters(th, across), inputs=[d_threshold, d_across],
-                    outputs=[d_df, d_msg])
+        m_propose.click(wb.propose_merge, inputs=m_ids, outputs=[m_text, m_note], api_name="propose_merge")
+        m_preview.click(wb.merge_preview, inputs=[m_ids, m_text], outputs=m_diff, api_name="merge_preview")
+        m_accept.click(wb.accept_merge, inputs=[m_ids, m_text], outputs=[m_msg, e_id], api_name="accept_merge"
+                       ).then(**reopen).then(**refresh_table, **PRIVATE)
+        m_undo.click(wb.undo_merge, inputs=m_undo_id, outputs=m_msg, api_name="undo_merge").then(**refresh_table, **PRIVATE)
+        d_btn.click(wb.duplicate_clusters, inputs=[d_threshold, d_across], outputs=[d_df, d_msg], api_name="duplicate_clusters",
+                    **SEARCH)
 
         def cluster_to_merge(table: Any, evt: gr.SelectData) -> str:
             return wb.cluster_ids(table, evt.index[0])
 
-        d_df.select(cluster_to_merge, inputs=d_df, outputs=m_ids)
+        d_df.select(cluster_to_merge, inputs=d_df, outputs=m_ids, **PRIVATE)
 
         # Import / export
-        i_btn.click(lambda f, fresh: wb.import_file(f, fresh), inputs=[i_file, i_fresh], outputs=i_msg).then(**refresh_table)
-        x_btn.click(lambda s: wb.export_library(s), inputs=x_status, outputs=[x_file, x_msg])
+        i_btn.click(wb.import_file, inputs=[i_file, i_fresh], outputs=i_msg, api_name="import_library", **IMPORT
+                    ).then(**refresh_table, **PRIVATE)
+        x_btn.click(wb.export_library, inputs=x_status, outputs=[x_file, x_msg], api_name="export_library")
 
         # A/B tests
-        ab_create.click(lambda *a: wb.create_ab_test(*a),
+        ab_create.click(wb.create_ab_test,
                         inputs=[ab_name, ab_env, ab_seeds, ab_ckpt, ab_turns, a_kind, a_arg, a_file, b_kind, b_arg, b_file, ab_task_ids,
                                 ab_reps, ab_decoding],
-                        outputs=[ab_msg, ab_id])
+                        outputs=[ab_msg, ab_id], api_name="create_ab_test", **AB_CREATE)
         ab_details_out = [ab_summary, ab_progress, ab_results, ab_tasks, ab_eps]
-        ab_open.click(lambda i: wb.ab_details(i), inputs=ab_id, outputs=ab_details_out)
-        ab_df.select(_row_first_cell, outputs=ab_id).then(lambda i: wb.ab_details(i), inputs=ab_id, outputs=ab_details_out)
-        table_timer.tick(lambda: wb.ab_tests_table(), outputs=ab_df, show_progress=hidden)
+        ab_open.click(wb.ab_details, inputs=ab_id, outputs=ab_details_out, api_name="ab_details")
+        ab_open.click(wb.ab_log_tail, inputs=ab_id, outputs=ab_log, api_name="ab_log")
+        ab_df.select(_row_first_cell, outputs=ab_id, **PRIVATE).then(wb.ab_details, inputs=ab_id, outputs=ab_details_out,
+                                                                     **PRIVATE)
+        table_timer.tick(wb.ab_tests_table, outputs=ab_df, show_progress=hidden, api_name="ab_tests")
         table_timer.tick(lambda i: wb.ab_details(i) if i else (gr.skip(),) * 5, inputs=ab_id, outputs=ab_details_out,
-                         show_progress=hidden)
-        table_timer.tick(lambda i: wb.ab_log_tail(i) if i else gr.skip(), inputs=ab_id, outputs=ab_log, show_progress=hidden)
-        ab_eps.select(_row_first_cell, outputs=r_id).then(lambda i: wb.replay(i), inputs=r_id, outputs=ab_episode)
+                         show_progress=hidden, **PRIVATE)
+        table_timer.tick(lambda i: wb.ab_log_tail(i) if i else gr.skip(), inputs=ab_id, outputs=ab_log, show_progress=hidden,
+                         **PRIVATE)
+        ab_eps.select(_row_first_cell, outputs=r_id, **PRIVATE).then(wb.replay, inputs=r_id, outputs=ab_episode, **PRIVATE)
 
         # Agent demo
-        d_start.click(lambda *a: wb.demo_start(*a), inputs=[demo_token, d_mode, d_env, d_seed, d_ckpt, d_lib],
-                      outputs=[demo_token, d_html, d_status]).then(lambda: gr.Timer(active=False), outputs=play_timer)
-        d_step.click(lambda tok: wb.demo_step(tok)[:2], inputs=demo_token, outputs=[d_html, d_status])
-        d_play.click(lambda: gr.Timer(active=True), outputs=play_timer)
-        d_pause.click(lambda: gr.Timer(active=False), outputs=play_timer)
+        def demo_step(token: str | None) -> tuple[str, str]:
+            """One more turn of the session's episode: (episode HTML, status)."""
+            return wb.demo_step(token)[:2]
+
+        d_start.click(wb.demo_start, inputs=[demo_token, d_mode, d_env, d_seed, d_ckpt, d_lib],
+                      outputs=[demo_token, d_html, d_status], api_name="demo_start", **DEMO_START
+                      ).then(lambda: gr.Timer(active=False), outputs=play_timer, **PRIVATE)
+        d_step.click(demo_step, inputs=demo_token, outputs=[d_html, d_status], api_name="demo_step")
+        d_play.click(lambda: gr.Timer(active=True), outputs=play_timer, **PRIVATE)
+        d_pause.click(lambda: gr.Timer(active=False), outputs=play_timer, **PRIVATE)
         play_timer.tick(lambda tok: _play_tick(wb.demo_step(tok)), inputs=demo_token, outputs=[d_html, d_status, play_timer],
-                        show_progress=hidden)
-        r_list.click(lambda run, ab: wb.episodes(run, ab), inputs=[r_run, r_ab], outputs=r_df)
-        r_df.select(_row_first_cell, outputs=r_id).then(lambda i: wb.replay(i), inputs=r_id, outputs=r_html)
-        r_btn.click(lambda i: wb.replay(i), inputs=r_id, outputs=r_html)
+                        show_progress=hidden, **PRIVATE)
+        r_list.click(wb.episodes, inputs=[r_run, r_ab], outputs=r_df, api_name="episodes")
+        r_df.select(_row_first_cell, outputs=r_id, **PRIVATE).then(wb.replay, inputs=r_id, outputs=r_html, **PRIVATE)
+        r_btn.click(wb.replay, inputs=r_id, outputs=r_html, api_name="replay")
 
         # First paint of every new page: the running run(s) on the curves (else the newest), the library as it is now
-        # (not as it was when the app started), the build's progress.
+        # (not as it was when the app started), the build's progress. In the library page's group: that is its weight.
         def first_paint(*page_args: Any) -> tuple:
             choices = wb.run_choices()
             table, info = wb.library_page(*page_args)
@@ -477,5 +539,5 @@ def build(wb: Workbench) -> gr.Blocks:
                     gr.update(choices=[""] + facets["env"]), wb.build_html(), wb.build_html(), wb.runs_table(), wb.overview_md())
 
         demo.load(first_paint, inputs=page_inputs, outputs=[curve_runs, curve_choices, lib_df, page_md, f_env, build_runs,
-                                                             build_curves, runs_df, header])
+                                                             build_curves, runs_df, header], **LIB, **PRIVATE)
     return demo
