@@ -119,6 +119,31 @@ def study_figures(stem: str, d: dict, img_dir: Path) -> list[tuple[str, Path]]:
     return out
 
 
+VARIANT_COLORS = {"grpo": "tab:gray", "static": "tab:orange", "exp_only": "tab:purple", "complementary": "tab:blue"}
+
+
+def study_probe_figure(stem: str, d: dict, img_dir: Path) -> Path | None:
+    """The extractor across variants (where the runs measured the probe, trainers/probe.py): the probe's entries right
+    (left) and the library's entries right (right), one line per variant, the mean of its seeds."""
+    runs = [r for r in d.get("runs", []) if "extractor/probe_correct" in r.get("curves", {})]
+    if not runs:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for ax, key, title in ((axes[0], "extractor/probe_correct", "extractor probe: entries right (held-out, greedy)"),
+                           (axes[1], "library/entry_correct_share", "library: entries right")):
+        keys = []
+        for lab in dict.fromkeys(r.get("label", r.get("variant")) for r in runs):
+            keys.append((lab, [r for r in runs if r.get("label", r.get("variant")) == lab]))
+        for lab, rs in keys:
+            _plot_panel(ax, rs, ((key, lab, VARIANT_COLORS.get(lab, "tab:green")),), title, ylabel="share")
+    fig.suptitle(f"{stem}: the extractor's skill by variant", fontsize=11)
+    fig.tight_layout()
+    path = img_dir / f"{stem}-probe.png"
+    fig.savefig(path, dpi=90, metadata={"Software": None})
+    plt.close(fig)
+    return path
+
+
 def _strip_title(md: str) -> str:
     """A results .md starts with '# name' and often a 'commit ...' line; the page gives its own heading and commit."""
     lines = md.strip().splitlines()
@@ -171,6 +196,9 @@ def build(results_dir: Path, out: Path) -> Path:
                f"torch {env.get('torch', '?')}, finished {env.get('time', '?')}.", ""]
         table_md = path.with_suffix(".md")
         md += [_strip_title(table_md.read_text()) if table_md.exists() else "(no table: the .md file is missing)", ""]
+        probe_fig = study_probe_figure(path.stem, d, img_dir)
+        if probe_fig is not None:
+            md += [f"![{path.stem} extractor probe]({rel_img.as_posix()}/{probe_fig.name})", ""]
         for lab, fig in study_figures(path.stem, d, img_dir):
             md += [f"![{path.stem} {lab}]({rel_img.as_posix()}/{fig.name})", ""]
     md += _argv_section(results_dir, "heldout*.json", finished, "Held-out comparisons",

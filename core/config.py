@@ -83,6 +83,11 @@ class ManagerConfig:
     # texts that differ only in an id sit close together in embedding space, so without this a lesson about one
     # dungeon is often retrieved for another. Eq. 6 (and Eq. 7) act within the candidates either way.
     task_scope: bool = False
+    # Retrieval similarity floor: candidates whose cosine similarity to the query is below it are never shown (0 = no
+    # floor). On recurring tasks an entry is keyed by its task's text, so a task's own entries sit at 1.0, and another
+    # task's text that differs only in its id sits near 0.97 (MiniHack dungeons: at most 0.979 here): a floor of 0.99
+    # shows an unseen task no entry rather than another task's lesson.
+    min_similarity: float = 0.0
     sync_interval_s: float = 0.5  # how often to poll the store's library version for other processes' edits
     max_text_chars: int = 4000  # refuse entries longer than this
     record_usage: bool = True  # count retrievals (Eq. 6 inputs); off for a person's searches in the CLI or UI
@@ -92,6 +97,8 @@ class ManagerConfig:
             raise ConfigError("manager.batch_size, workers, top_k and oversample must all be >= 1")
         if self.max_wait_ms < 0:
             raise ConfigError("manager.max_wait_ms must be >= 0")
+        if not -1.0 <= self.min_similarity <= 1.0:
+            raise ConfigError(f"manager.min_similarity is a cosine similarity in [-1, 1], not {self.min_similarity}")
         if self.key not in ("query", "text"):
             raise ConfigError(f"manager.key must be 'query' or 'text', not {self.key!r}")
         if self.rank_score not in ("rank", "cosine"):

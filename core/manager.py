@@ -384,7 +384,8 @@ class ExperienceManager:
             for g, rows in by_group.items():
                 scores, ids = self._parallel_search(vecs[rows], n_cand, g)
                 for r, srow, irow in zip(rows, scores, ids):
-                    valid = [(float(s), int(i)) for s, i in zip(srow, irow) if i >= 0 and int(i) in self._meta]
+                    valid = [(float(s), int(i)) for s, i in zip(srow, irow)
+                             if i >= 0 and int(i) in self._meta and float(s) >= self.cfg.min_similarity]
                     if not valid:
                         self.stats["empty"] += 1
                         continue

@@ -185,6 +185,7 @@ def test_cispo_learns_from_a_known_reward(weak_folder, tmp_path, store):
                           data_dir=tmp_path, run_id=store.create_run("cispo"))
     try:
         before = probe.measure(loop, 0)
+        assert before["extractor/probe_correct"] <= 0.5 and before["extractor/probe_valid"] >= 0.8, before  # weak, well formed
         rng = random.Random(0)
         rewards = []
         for u in range(UPDATES):

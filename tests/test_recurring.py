@@ -280,3 +280,37 @@ def test_an_update_of_another_tasks_entry_adds_instead(store, embedder):
         assert rd.ok and rd.archived == [ra.new_id]
     finally:
         plain.close()
+
+
+def test_a_similarity_floor_shows_an_unseen_dungeon_no_entry(store, embedder):
+    """manager.min_similarity: a recurring task's own entries are keyed by its own text (cosine 1.0); another
+    dungeon's text, the same words with another id, sits below 0.98 in MiniLM space. With the floor at 0.99 a dungeon
+    that has no entry of its own gets none (no other dungeon's lesson); its own entry is still found; without the floor
+    it gets another dungeon's."""
+    goal = "Reach the staircase down (>) in a dark 5x5 room; you only see the squares next to you."
+    tasks = [instance_task(ENV, i, goal) for i in range(6)]
+
+    def manager(floor: float) -> ExperienceManager:
+        return ExperienceManager(store, embedder, ManagerConfig(random_demote=False, task_scope=True, min_similarity=floor),
+                                 IndexConfig(use_gpu="never"))
+
+    m = manager(0.0)
+    try:
+        for i, t in enumerate(tasks[:4]):  # dungeons 4 and 5 have no entry
+            assert m.apply_operations([Operation("add", text=format_entry_text("Stairs", f"Dungeon {i}", f"Lesson {i}."))],
+                                      OpContext(env=ENV, task=t))[0].ok
+        unseen = m.search_sync([tasks[4]], task=ENV, scope=[tasks[4]])[0]
+        assert unseen and unseen[0].task != tasks[4] and unseen[0].score < 0.99
+    finally:
+        m.close()
+    m = manager(0.99)
+    try:
+        assert m.search_sync([tasks[4], tasks[5]], task=ENV, scope=[tasks[4], tasks[5]]) == [[], []]
+        own = m.search_sync([tasks[2]], task=ENV, scope=[tasks[2]])[0]
+        assert [h.task for h in own] == [tasks[2]] and own[0].score > 0.99
+    finally:
+        m.close()
+    from core.config import ConfigError
+
+    with pytest.raises(ConfigError, match="min_similarity"):
+        ManagerConfig(min_similarity=1.5)
