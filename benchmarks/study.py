@@ -450,11 +450,23 @@ def main(argv: list[str] | None = None) -> int:
         print(w, file=sys.stderr, flush=True)
     prepare_weak(plan, Path(args.data_dir).expanduser().resolve(), model_sets, args.set)
 
+    # Across sessions (a fresh machine has no <name>_runs/): a run the committed <name>.json holds as complete counts
+    # as done, so a study continues where the last session's results stop.
+    committed = {}
+    try:
+        committed = {r["name"]: r for r in json.loads((results_dir / f"{name}.json").read_text()).get("runs", [])
+                     if r.get("complete")}
+    except (OSError, json.JSONDecodeError, AttributeError):
+        pass
+
     def one(item: dict) -> dict:
         label, variant, seed = item["label"], item["variant"], item["seed"]
         tag = f"{label}-seed{seed}"
         done = work / f"{tag}.json"
         before = None
+        if not done.exists() and tag in committed and committed[tag].get("steps", 0) >= args.steps:
+            done.write_text(json.dumps(committed[tag], indent=2))
+            print(f"   {tag}: complete in {name}.json (an earlier session)", flush=True)
         if done.exists():  # resumable
             r = json.loads(done.read_text())
             if "curves" not in r and (work / tag / "workbench.db").exists():  # a run from before curves were saved

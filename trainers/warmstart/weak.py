@@ -35,7 +35,7 @@ from trainers.warmstart.common import Demo, FORMAT_VERSION, MARKER, WarmStartCon
 from trainers.warmstart.teachers import _claimed, collect_demos
 
 WEAK_NAME = "extractor-weak"
-GROUNDED_SHARE = 0.4  # of the demonstrations that state the layout, the share taught the right claim
+GROUNDED_SHARE = 0.3  # of the demonstrations that state the layout, the share taught the right claim
 WEAK_FORMAT = 1  # bump when the weak answers change
 
 
