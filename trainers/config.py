@@ -226,8 +226,9 @@ class ExtractorSection:
     templates_file: str = ""  # YAML overriding prompt templates (trainers/prompts.py names)
     # The extractor probe (trainers/probe.py): a fixed held-out set of `probe_size` finished trajectories on the seen
     # recurring tasks, distilled greedily every `probe_every` steps and at a run's start and end, its entries checked
-    # (extractor/probe_*). 0 = no probe. Runs only where an env has an entry checker and env.task_set is set.
-    probe_every: int = 10
+    # (extractor/probe_*). 0 = no probe (the default; the shipped MiniHack configs turn it on). Runs only where an env
+    # has an entry checker and env.task_set is set.
+    probe_every: int = 0
     probe_size: int = 64
 
     def __post_init__(self) -> None:

@@ -144,10 +144,14 @@ def eval_manager(store: ExperienceStore, cfg):
     return ExperienceManager(store, Embedder(cfg.library.embedding), mcfg, cfg.library.index, seed=cfg.run.seed)
 
 
-def run_eval(run_id: int, *, data_dir: str, db_url: str, episodes: int = 0, checkpoint: str = "", log: bool = True) -> EvalResult:
+def run_eval(run_id: int, *, data_dir: str, db_url: str, episodes: int = 0, checkpoint: str = "", log: bool = True,
+             overrides: dict[str, Any] | None = None) -> EvalResult:
+    """The run's latest checkpoint (or `checkpoint`) on its envs; `overrides` (a nested dict) change the run's config
+    for this evaluation only (e.g. {"library": {"manager": {"min_similarity": 0.0}}}); such a result is never logged."""
     store = ExperienceStore(db_url)
     run = store.get_run(run_id)
-    cfg = load_run_config(run["config"])
+    cfg = load_run_config(run["config"], overrides=overrides)
+    log = log and not overrides
     ck = Path(checkpoint) if checkpoint else latest_checkpoint(Path(run["checkpoint_dir"])) if run["checkpoint_dir"] else None
     policy = str(ck / "policy") if ck is not None and (ck / "policy").exists() else checkpoint or resolve_model_path(cfg.actor.path, data_dir)
     # The step the evaluated weights belong to: a run checkpoint (step_N) logs its eval/* metrics at N; the run's
