@@ -458,6 +458,11 @@ def models_command(action: str, data_dir: str, force: bool = False, envs: list[s
                 r = res.get("extractor", {}).get("eval", {})
                 if r:
                     print(f"  parse rate {r['parse_rate']:.2f} on {r['answers']} held-out trajectories")
+                pr = res.get("probe") or {}
+                if pr:  # the weak start (trainers/warmstart/weak.py): its probe on the default config's seen dungeons
+                    print(f"  weak start ({marker.get('grounded_share')} of stated debriefs taught the right claim): "
+                          f"probe entries right {pr.get('extractor/probe_correct', 0):.2f}, answers that parse "
+                          f"{pr.get('extractor/probe_valid', 0):.2f}")
             print(f"  built {marker.get('built_at', '?')} in {res.get('wall_s', '?')} s, config hash {marker.get('hash')}")
         return 0
     print(f"Unknown models action {action!r}: use `comprl models init [--force]` or `comprl models list`.")
