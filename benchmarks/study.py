@@ -56,7 +56,7 @@ CURVES = ("policy/success_with_exp", "policy/success_without_exp", "policy/rewar
           "library/entry_correct_share", "extractor/new_entry_correct_share", "retrieval/same_task_rate",
           # the extractor probe (trainers/probe.py) and the density of the extractor's reward signal
           "extractor/probe_correct", "extractor/probe_wrong", "extractor/probe_unverifiable", "extractor/probe_valid",
-          "extractor/probe_stated_right", "extractor/frac_nonzero_adv", "extractor/episodes_per_entry_reward",
+          "extractor/probe_stated_right", "extractor/probe_heading_right", "extractor/frac_nonzero_adv", "extractor/episodes_per_entry_reward",
           "extractor/entries_rewarded")  # plus every eval/* key
 FULL_CONFIGS = ("configs/minihack_room_cpu.yaml", "configs/alfworld_cpu.yaml")  # the issue's two environments
 FULL_MULTITASK = "configs/multitask_cpu.yaml"  # one complementary run over MiniHack + ALFWorld + WebShop

@@ -76,6 +76,8 @@ def test_probe_scores_right_wrong_unverifiable_and_invalid(trajectories):
         bad = sum(1 for i, t in enumerate(trajectories) if claimed_offset(t.final_observation) is None and i % 2)
         assert m["extractor/probe_valid"] == pytest.approx(1 - bad / 64)
         assert 0 < m["extractor/probe_stated_right"] < 1
+        # a mirrored claim never gives the true heading (but for the start square); a right one always does
+        assert m["extractor/probe_heading_right"] == pytest.approx(m["extractor/probe_correct"])
     finally:
         probe.close()
 

@@ -14,6 +14,8 @@ no previous entries), and the checker that scores library entries (envs/entry_ch
     extractor/probe_wrong          entries whose claim is wrong
     extractor/probe_unverifiable   entries that state no checkable claim (or whose task's layout is unknown)
     extractor/probe_valid          answers that parse to an operation list (the empty list included)
+    extractor/probe_heading_right  entries whose claimed offset, right or not, gives the true first heading (the one
+                                   word a reader acts on: "2 south and 1 east" for "3 south and 1 east" still says south)
     extractor/probe_entries        entries written per answer
     extractor/probe_stated_right   of the trajectories whose debrief says where the staircase was, the share whose
                                    answer wrote an entry that says it (what a reader of that trajectory could know)
@@ -144,9 +146,10 @@ class ExtractorProbe:
 
     def score(self, answers: Sequence[str], *, budget: int, max_chars: int) -> dict[str, float]:
         """The probe's metrics for one answer per trajectory, in order."""
-        from envs.minihack import claimed_offset
+        from envs.base import task_id_of
+        from envs.minihack import claimed_offset, first_heading
 
-        valid = entries = right = wrong = 0
+        valid = entries = right = wrong = heading = 0
         stated = stated_right = 0
         for t, text in zip(self.trajectories, answers):
             parsed = parse_extraction(text, [], budget=budget, max_chars=max_chars)
@@ -164,13 +167,17 @@ class ExtractorProbe:
                 v = self.checker.verdict(t.env, t.task, op.text)
                 right += v == "right"
                 wrong += v == "wrong"
+                if v in ("right", "wrong"):
+                    claim, tid = claimed_offset(op.text), task_id_of(t.task)
+                    heading += first_heading(*claim) == first_heading(*self.checker.facts(t.env, tid)["offset"])
                 wrote_truth |= truth is not None and claimed_offset(op.text) == truth
             stated_right += wrote_truth
         n = max(1, len(self.trajectories))
         out = {"extractor/probe_valid": valid / n, "extractor/probe_entries": entries / n}
         if entries:
             out |= {"extractor/probe_correct": right / entries, "extractor/probe_wrong": wrong / entries,
-                    "extractor/probe_unverifiable": (entries - right - wrong) / entries}
+                    "extractor/probe_unverifiable": (entries - right - wrong) / entries,
+                    "extractor/probe_heading_right": heading / entries}
         else:  # nothing written: no entry is right (the share a reader would be helped by)
             out |= {"extractor/probe_correct": 0.0, "extractor/probe_wrong": 0.0, "extractor/probe_unverifiable": 0.0}
         if stated:
