@@ -268,3 +268,30 @@ def test_the_extractor_reads_lora_weight_decay_and_lr_warmup(tmp_path, store, em
     finally:
         lp.close()
         mgr.close()
+
+
+def test_lifetime_credit_averages_every_retrieval(loop, store):
+    """extractor.credit lifetime: an entry's sample is rewarded with the mean signed outcome of every episode that has
+    retrieved it so far, not only this step's; "step" (the default) keeps this step's mean."""
+    from core.types import Trajectory
+    from trainers.rollout import Episode, EpisodeSpec
+
+    a, _ = _entry_with_generation(loop, MEM, "task a")
+
+    def eps(*wins):
+        return [Episode(EpisodeSpec("e", i, True, 0), Trajectory("e", "task a", i, success=w, experience_ids=[a]))
+                for i, w in enumerate(wins)]
+
+    loop.score(eps(True, True, True), 1)  # lifetime so far: 3 of 3
+    assert [s.reward for s in loop.buffer] == [1.0]
+    loop.xc.credit = "lifetime"
+    loop.score(eps(False), 2)  # this step: -1; lifetime: (3 - 1) / 4
+    assert loop.buffer[-1].reward == pytest.approx(0.5)
+    loop.xc.credit = "step"
+    loop.score(eps(False), 3)
+    assert loop.buffer[-1].reward == -1.0
+    from core.config import ConfigError
+    from trainers.config import load_run_config
+
+    with pytest.raises(ConfigError, match="credit"):
+        load_run_config({"extractor": {"credit": "episode"}})

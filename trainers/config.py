@@ -220,6 +220,11 @@ class ExtractorSection:
     alpha: float = 0.5  # Eq. 7 exponent
     cooldown: int = 1  # Eq. 7 cooldown in extractor updates
     relative_reward: bool = False  # ablation: reward = improvement over the experience-free mean
+    # What an entry's generation is rewarded with when the entry is retrieved: "step", the mean signed outcome of this
+    # step's episodes that retrieved it (about 2 of them in the CPU default: a noisy reward); "lifetime", the mean
+    # signed outcome of every episode that has retrieved it so far (the store's successes and failures), the same
+    # quantity averaged over every retrieval (a denser signal for a short run). Not with relative_reward or critic.
+    credit: str = "step"
     op_budget: int = PROMPT_DEFAULTS.op_budget  # operations per distillation answer (the release's 3)
     merge_every: int = 5  # actor updates between periodic merges (0 = never)
     max_backlog: int = 256  # episodes waiting for distillation beyond this are dropped (counted in extractor/dropped)
@@ -234,6 +239,8 @@ class ExtractorSection:
     def __post_init__(self) -> None:
         if self.buffer_size < 1 or self.op_budget < 1:
             raise ConfigError("extractor.buffer_size and extractor.op_budget must be >= 1")
+        if self.credit not in ("step", "lifetime"):
+            raise ConfigError(f"extractor.credit must be 'step' or 'lifetime', not {self.credit!r}")
         if self.probe_every < 0 or self.probe_size < 1:
             raise ConfigError("extractor.probe_every must be >= 0 (0 = no probe) and extractor.probe_size >= 1")
         if self.templates_file:

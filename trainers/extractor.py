@@ -243,7 +243,9 @@ class ExperienceLoop:
                                        episode_ids=[e.store_id for _, e in used])
         new = 0
         if self.trains and rewards:
-            entries = self.store.get_many(rewards)
+            entries = self.store.get_many(rewards)  # read after this step's outcomes were recorded
+            if self.xc.credit == "lifetime" and baselines is None and not any(e.critic_scores for e in episodes):
+                rewards = {i: _lifetime(entries[i], r) if i in entries else r for i, r in rewards.items()}
             for i, r in rewards.items():
                 g = entries[i].generation if i in entries else None
                 if g is not None and g.response_ids:
@@ -412,6 +414,12 @@ class ExperienceLoop:
         self._closed = True
         self._queue.put(None)
         self._worker.join(timeout=120)
+
+
+def _lifetime(entry: Experience, fallback: float) -> float:
+    """The mean signed outcome (+1 success, −1 failure) of every episode that has retrieved `entry`."""
+    n = entry.successes + entry.failures
+    return (entry.successes - entry.failures) / n if n else fallback
 
 
 def _hit_rate(episodes: Sequence[Episode]) -> float:
