@@ -169,14 +169,15 @@ def test_no_file_grows_past_its_mark():
 
 
 def test_paths_named_in_code_and_docs_exist():
-    """Docstrings, comments, the README and the workbench guide name repo files (`trainers/rollout.py`, a config):
+    """Docstrings, comments, the README and the docs pages name repo files (`trainers/rollout.py`, a config):
     each must exist, so a split or a rename that leaves a stale pointer fails here (results files, which record what
     a past commit printed, are not checked)."""
     import re
 
     pattern = re.compile(r"\b((?:core|envs|trainers|app|benchmarks|experiments|configs|docs)/[A-Za-z0-9_/]+\.(?:py|yaml|md))")
     sources = [p for floor in ("core", "envs", "trainers", "app", "benchmarks", "experiments")
-               for p in (ROOT / floor).rglob("*.py")] + [ROOT / "README.md", ROOT / "docs" / "workbench.md"]
+               for p in (ROOT / floor).rglob("*.py")] + [ROOT / "README.md"] + [ROOT / "docs" / f for f in (
+                   "workbench.md", "method.md", "configuration.md", "scaling.md", "reliability.md")]
     missing = sorted({f"{src.relative_to(ROOT)} names {m}" for src in sources
                       for m in pattern.findall(src.read_text()) if not (ROOT / m).exists()})
     assert not missing, "\n".join(missing)
