@@ -1,4 +1,4 @@
-"""The periodic merge (METHOD.md step 4) on one library, three ways, each on its own copy of it:
+"""The periodic merge (docs/method.md step 4) on one library, three ways, each on its own copy of it:
 
   id          creation order, one walk per task, one chunk per extractor call (the merge before 2026-12-03)
   similarity  entries in a nearest-neighbour chain over their text embeddings, one walk per task

@@ -1,6 +1,6 @@
 """Retrieval benchmark: exact vs approximate faiss, embedding cost, the BLAS floor, micro-batching.
 
-Library texts are realistic task descriptions (the index key, METHOD.md step 3) generated from
+Library texts are realistic task descriptions (the index key, docs/method.md step 3) generated from
 the envs' vocabularies and embedded with the real MiniLM model — random vectors make approximate
 indexes look far worse than they are. Embeddings are cached under benchmarks/results/cache/ so a
 rerun does not spend minutes re-embedding.

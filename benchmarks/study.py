@@ -49,7 +49,7 @@ KEYS = ("success_with_exp", "success_without_exp", "actions_with_exp", "actions_
         "success_with_exp_sampled", "success_without_exp_sampled",
         # recurring task sets (env.task_set): the same conditions on tasks never trained on
         "success_unseen_with_exp", "success_unseen_without_exp", "actions_unseen_with_exp", "actions_unseen_without_exp")
-VARIANTS = ("grpo", "static", "exp_only", "complementary")  # METHOD.md "Baselines"
+VARIANTS = ("grpo", "static", "exp_only", "complementary")  # docs/method.md "The four variants"
 CURVES = ("policy/success_with_exp", "policy/success_without_exp", "policy/reward_with_exp", "policy/reward_without_exp",
           "policy/actions_with_exp", "policy/actions_without_exp", "policy/entropy", "policy/frac_nonzero_adv",
           "extractor/reward_mean", "extractor/updates", "library/size",

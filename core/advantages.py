@@ -3,7 +3,7 @@
 Pure tensor math (DESIGN.md habit 3): free functions of tensors and scalars, no model, store or
 config. Shapes are given in the comments; N is the number of samples in a batch.
 
-Actor (METHOD.md, "Actor objective"): for each task a group of K rollouts, half with retrieved
+Actor (docs/method.md, "Actor objective"): for each task a group of K rollouts, half with retrieved
 experience and half without. Advantages are normalised within each subgroup separately:
 
     A_i = (r_i - mean_c) / (std_c + eps),   c in {with, without}
@@ -12,7 +12,7 @@ because normalising across both subgroups together collapses training (experienc
 win every comparison and the others only ever get a negative advantage). `joint=True` is that
 ablation. The released code subtracts the mean only: `normalize_std=False`.
 
-Extractor (METHOD.md, "Extractor objective"): one sample per retrieved entry, the reward is the mean
+Extractor (docs/method.md, "Extractor objective"): one sample per retrieved entry, the reward is the mean
 ±1 outcome of the episodes that retrieved it, the baseline is the batch mean, and the advantage is
 multiplied by the training-count-aware weight of Eq. 7.
 """
@@ -72,7 +72,7 @@ def subgroup_advantages(
     rewards (G,) float, with_experience (G,) bool -> (G,) float.
     Each subgroup: (r - mean) / (std + eps) with torch's default unbiased std, or r - mean when
     `normalize_std=False`; a subgroup with fewer than 2 members gets 0. `joint=True` normalises the
-    whole group together (the ablation METHOD.md says collapses).
+    whole group together (the ablation docs/method.md says collapses).
     """
     if rewards.shape != with_experience.shape or rewards.dim() != 1:
         raise ValueError(f"rewards and with_experience must both be (G,), got {tuple(rewards.shape)} and {tuple(with_experience.shape)}")
@@ -110,7 +110,7 @@ def extractor_advantages(rewards: Tensor, weights: Tensor | None = None) -> Tens
     """CISPO advantages for the extractor: (r - mean_batch(r)) · w.
 
     rewards (N,) float, weights (N,) float or None (all ones) -> (N,). The baseline is the batch mean,
-    not a group mean (METHOD.md); `weights` are the Eq. 7 weights of `count_aware_weights`.
+    not a group mean (docs/method.md); `weights` are the Eq. 7 weights of `count_aware_weights`.
     """
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be (N,), got {tuple(rewards.shape)}")
@@ -153,7 +153,7 @@ def count_aware_weights(
 def signed_outcomes(outcomes: Tensor) -> Tensor:
     """Map episode outcomes to the extractor's reward scale: a score of 0 becomes -1, others are kept.
 
-    outcomes (E,) -> (E,) float. With binary envs (success 1, failure 0) this is the ±1 of METHOD.md;
+    outcomes (E,) -> (E,) float. With binary envs (success 1, failure 0) this is the ±1 of docs/method.md;
     the released code maps 0 to -1 the same way.
     """
     o = outcomes.to(torch.float32)
@@ -213,7 +213,7 @@ def critic_entry_rewards(
     *,
     baselines: Tensor | None = None,
 ) -> dict[int, float]:
-    """Entry rewards with the actor as critic (METHOD.md): score + signed outcome, averaged per entry.
+    """Entry rewards with the actor as critic (docs/method.md): score + signed outcome, averaged per entry.
 
     judged[e] — {entry id: critic score in {1, 0.5, 0}} of episode e; shown[e] — the entries episode e
     then used. A rejected entry was not shown, so the outcome says nothing about it: its reward is its

@@ -113,7 +113,7 @@ class ManagerConfig:
 class MergeConfig:
     chunk_size: int = 5  # entries per merge call (sliding window)
     order: str = "similarity"  # walk order within a task: "similarity" (nearest-neighbour chain over text embeddings) or "id" (creation)
-    walks: int = 1  # sliding windows per task, decided side by side (1 = METHOD.md's one walk per task; more trades carry reach for speed)
+    walks: int = 1  # sliding windows per task, decided side by side (1 = the paper's one walk per task, docs/method.md; more trades carry reach for speed)
     batch: int = 16  # chunks decided in one batched extractor call (walks of different tasks always run side by side)
     duplicate_threshold: float = 0.9  # cosine similarity above which two entries are near-duplicates
     across_tasks: bool = False  # near-duplicate clusters may span tasks

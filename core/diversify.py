@@ -1,4 +1,4 @@
-"""Retrieval diversification, METHOD.md Eq. 6, as pure functions.
+"""Retrieval diversification, docs/method.md Eq. 6, as pure functions.
 
     s(m) = s_rank(m) − λ · ln(1 + c(m)) − 1[m retrieved within the recent window]
 
@@ -8,7 +8,7 @@ same problem: with low task diversity the same entry keeps coming back.
 s_rank is minus the candidate's rank in the similarity order (0, −1, −2, …) by default, as in the
 authors' release: one rank step then weighs as much as the recency penalty, so the count penalty
 (λ·ln(1+c) ≤ ~1) only reorders near neighbours. The cosine itself (`kind="cosine"`) spreads over
-~0.2, which lets the count penalty pull far-down candidates to the top (METHOD.md, Eq. 6).
+~0.2, which lets the count penalty pull far-down candidates to the top (docs/method.md, Eq. 6).
 """
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ def clipped_surrogate_loss(
     eps: float = 0.2,
     level: str = "sequence",
 ) -> tuple[Tensor, dict[str, float]]:
-    """PPO clipped surrogate with the with/without-experience subgroup averaging of METHOD.md.
+    """PPO clipped surrogate with the with/without-experience subgroup averaging of docs/method.md.
 
     logp, logp_old, mask (N, T); advantages (N,); with_experience (N,) bool or None (one subgroup).
 
@@ -110,7 +110,7 @@ def cispo_loss(
     eps_low: float = 0.1,
     eps_high: float = 0.1,
 ) -> Tensor:
-    """CISPO loss for the extractor (METHOD.md, "Extractor objective").
+    """CISPO loss for the extractor (docs/method.md, "Extractor objective").
 
     logp, logp_old, mask (N, T); advantages (N,) — already multiplied by the Eq. 7 weights.
 

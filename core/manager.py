@@ -1,4 +1,4 @@
-"""The ExperienceManager: stores, retrieves, updates and merges entries asynchronously (METHOD.md 1–4).
+"""The ExperienceManager: stores, retrieves, updates and merges entries asynchronously (docs/method.md 1–4).
 
 Retrieval path (per micro-batch):
     queries from many callers --(flush at B queries or t_max)--> LRU embedding cache, misses

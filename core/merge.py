@@ -1,5 +1,5 @@
 """Merging the library: near-duplicate clusters, one merge with lineage (undoable), and the
-chunked sliding-window merge of METHOD.md step 4 as a driver over any `merge_fn`.
+chunked sliding-window merge of docs/method.md step 4 as a driver over any `merge_fn`.
 
 The driver does not know who decides: a person in the workbench, or the extractor (the trainer
 passes a function that prompts it). `merge_fn(chunk) -> list[Operation] | None` gets the entries of
@@ -99,7 +99,7 @@ def undo_merge(store: ExperienceStore, merged_id: int, *, actor: str = "human") 
     return store.undo_replace(merged_id, actor=actor)
 
 
-# -- the periodic sliding-window merge (METHOD.md step 4) ------------------------------------------
+# -- the periodic sliding-window merge (docs/method.md step 4) ------------------------------------------
 
 
 @dataclass
@@ -159,7 +159,7 @@ def sliding_window_merge(store: ExperienceStore, entries: Sequence[Experience], 
 
 
 class _Walk:
-    """One sliding window over an ordered list of entries (METHOD.md step 4)."""
+    """One sliding window over an ordered list of entries (docs/method.md step 4)."""
 
     def __init__(self, entries: Sequence[Experience], chunk_size: int) -> None:
         self.queue = list(entries)

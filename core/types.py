@@ -28,7 +28,7 @@ ENTRY_TEXT_SECTIONS = ("## Title:", "## Description:", "## Content:")
 
 
 def format_entry_text(title: str, description: str, content: str) -> str:
-    """The METHOD.md entry layout: `## Title: … / ## Description: … / ## Content: …`."""
+    """The entry layout of docs/method.md: `## Title: … / ## Description: … / ## Content: …`."""
     return f"## Title: {title.strip()}\n## Description: {description.strip()}\n## Content: {content.strip()}"
 
 

@@ -93,7 +93,7 @@ def check_env(env: TextEnv, *, seed: int = 0, actions: list[str] | None = None, 
 # -- recurring task sets (env.task_set) ----------------------------------------------------------
 # A run with a finite set of training tasks names each task instance by an id that the actor sees
 # in its task text and that keys retrieval ("Dungeon 17: Reach the staircase ..."), so an entry
-# written from one episode of a task is found when that task comes round again (METHOD.md: the
+# written from one episode of a task is found when that task comes round again (docs/method.md: the
 # paper's ALFWorld games and WebShop instructions recur the same way). The id fixes the instance:
 # its seed is a hash of (env, id), the same in every run and on every machine.
 

@@ -138,7 +138,7 @@ def moved_off_policy(backend):
 
 
 def full_batch_reference(backend, eps, adv, level):
-    """METHOD.md's loss in one call over every turn of every episode, zero advantages included."""
+    """docs/method.md's loss in one call over every turn of every episode, zero advantages included."""
     rows = [(t, a, e.spec.with_experience) for e, a in zip(eps, adv.tolist()) for t in e.turns]
     ids, attn = pad_right([t.prompt_ids + t.response_ids for t, _, _ in rows], backend.pad_id)
     mask = torch.zeros(ids.shape)

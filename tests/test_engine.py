@@ -466,7 +466,7 @@ def test_two_deterministic_runs_log_the_same_metrics_and_weights(tmp_path, model
 @pytest.mark.slow
 @pytest.mark.parametrize("variant, frozen, learner", [("static", "extractor", "policy"), ("exp_only", "policy", "extractor")])
 def test_a_variant_leaves_its_frozen_model_unchanged(tmp_path, models, variant, frozen, learner):
-    """METHOD.md's baselines: static learns the actor with a frozen extractor, exp_only the extractor with a frozen
+    """docs/method.md's variants: static learns the actor with a frozen extractor, exp_only the extractor with a frozen
     actor. The same config for both, in which each model does learn when its variant trains it."""
     run, latest = learning_run(tmp_path, models, variant)
     assert same_weights(models / frozen, latest / frozen)

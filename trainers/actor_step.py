@@ -1,4 +1,4 @@
-"""The actor learner: GRPO with split subgroups (METHOD.md "Actor objective").
+"""The actor learner: GRPO with split subgroups (docs/method.md "Actor objective").
 
     stats = actor_update(backend, optimizer, episodes, loss_cfg, model_cfg)
 
@@ -6,7 +6,7 @@
    subgroups separately (core.advantages; the joint ablation is a switch).
 2. Every actor turn of an episode is one row (prompt ids + reply ids, loss on the reply only).
    Rows of zero-advantage episodes are kept for the denominators but never run forward: their
-   objective and gradient are exactly zero, yet METHOD.md (like every TRL loss type) counts their
+   objective and gradient are exactly zero, yet docs/method.md (like every TRL loss type) counts their
    tokens, and their episodes, in their subgroup's mean; dropping them would up-weight the rest.
 3. Clipped surrogate (core.losses), token mean within each subgroup over the WHOLE batch, then the
    mean over the two subgroups: micro-batches hold one subgroup each and are weighted by their share
@@ -133,7 +133,7 @@ def policy_gradient(backend, rows: Sequence[Row], loss_cfg, micro_batch: int) ->
             a = torch.tensor([r.adv for r in mb], dtype=torch.float32, device=backend.device)  # (N,)
             loss_mb, st = clipped_surrogate_loss(logp, old_d, a, mask_d, None, eps=loss_cfg.eps, level=loss_cfg.ratio_level)
             share = float(mask.sum()) / n_tok
-            # token mean within this subgroup over the whole batch, then the mean over subgroups (METHOD.md)
+            # token mean within this subgroup over the whole batch, then the mean over subgroups (docs/method.md)
             loss = loss_mb * share / len(subgroups)
             loss.backward()
             total_loss += float(loss.detach())

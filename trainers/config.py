@@ -44,7 +44,7 @@ PROMPT_DEFAULTS = PromptDefaults()
 @dataclass
 class RunSection:
     name: str = "run"  # shown in the workbench's run table
-    variant: str = "complementary"  # grpo | static | exp_only | complementary (METHOD.md "Baselines")
+    variant: str = "complementary"  # grpo | static | exp_only | complementary (docs/method.md "The four variants")
     seed: int = 0  # the one seed; per-sample seeds derive from (step, index)
     max_steps: int = 100  # actor updates (training steps) before the run finishes
     warmup_steps: int = 0  # first steps: retrieval off, actor not updated, the library is seeded (released: 5)
@@ -190,13 +190,13 @@ class LossSection:
     normalize_std: bool = True  # divide advantages by the subgroup std (paper) or only subtract the mean (released)
     joint_normalization: bool = False  # ablation: normalise across both subgroups together (collapses, per the paper)
     epochs: int = 1  # passes over each batch
-    # token: the surrogate is a mean over every reply token of the subgroup (METHOD.md); a failed
+    # token: the surrogate is a mean over every reply token of the subgroup (docs/method.md); a failed
     # episode that runs to the turn limit then outweighs a quick success several times over.
     # episode: each episode weighs the same in its subgroup (its own turns' token mean).
     aggregation: str = "token"
     # env: the env's summed reward (MiniHack adds -0.01 per turn that does not advance time, so in a
     # group where every episode failed, std normalisation turns wall bumps into full-size advantages);
-    # outcome: +1 success / -1 failure, the task outcome METHOD.md names.
+    # outcome: +1 success / -1 failure, the task outcome docs/method.md names.
     reward: str = "env"
 
     def __post_init__(self) -> None:
@@ -255,7 +255,7 @@ class ExtractorSection:
 
 @dataclass
 class RaySection:
-    """Where and how a run with run.executor ray places its actors (README "Past one machine")."""
+    """Where and how a run with run.executor ray places its actors (docs/scaling.md, "Past one machine: Ray")."""
 
     address: str = ""  # "" = start a local cluster inside the trainer; "auto" or host:port = join a running cluster (`ray start --head`)
     num_cpus: int = 0  # a local cluster's CPUs (0 = Ray's count of this machine's cores); ignored when joining a cluster

@@ -1,4 +1,4 @@
-"""One training run, top to bottom (DESIGN.md habit 1): the four variants of METHOD.md.
+"""One training run, top to bottom (DESIGN.md habit 1): the four variants of docs/method.md.
 
     collect -> score -> advantages + actor step -> distil -> extractor step -> merge -> log
 

@@ -17,7 +17,7 @@ operations through the ExperienceManager. Rollouts never wait for it; the backlo
 
 Every entry the extractor writes keeps the generation that produced it (prompt, response, token
 ids, log-probs). When an entry is retrieved, the outcomes of the episodes it guided become that
-generation's reward (METHOD.md "Extractor objective"): ±1 averaged over the episodes, batch-mean
+generation's reward (docs/method.md "Extractor objective"): ±1 averaged over the episodes, batch-mean
 baseline, Eq. 7 weights looked up by entry id, CISPO loss.
 """
 from __future__ import annotations
@@ -134,7 +134,7 @@ class ExperienceLoop:
     # -- distillation (background) -----------------------------------------------------------------
 
     def queue_distillation(self, episodes: Sequence[Episode], step: int) -> None:
-        """Every finished episode, success or failure, to the distillation queue (METHOD.md step 3); past
+        """Every finished episode, success or failure, to the distillation queue (docs/method.md step 3); past
         extractor.max_backlog an episode is dropped and counted. Its results (entries written, parse failures) show
         in `totals()`."""
         for e in episodes:
@@ -208,7 +208,7 @@ class ExperienceLoop:
         while self._queue.unfinished_tasks and time.time() - t0 < timeout:
             time.sleep(0.05)
 
-    # -- search-and-ask (METHOD.md step 2) ------------------------------------------------------------
+    # -- search-and-ask (docs/method.md step 2) ------------------------------------------------------------
 
     def tool_fn(self, task: str, query: str, env: str, step: int) -> tuple[str, list[int], Any]:
         """The Roller's search-and-ask tool (it measures each call's latency: search_and_ask/latency_ms)."""
@@ -328,7 +328,7 @@ class ExperienceLoop:
             "extractor/lr": lr,
         }
 
-    # -- merge (METHOD.md step 4) ---------------------------------------------------------------------
+    # -- merge (docs/method.md step 4) ---------------------------------------------------------------------
 
     def merge(self, step: int) -> dict[str, float]:
         """Walk the library task by task in chunks; the extractor decides what to keep, merge or discard.

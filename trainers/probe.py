@@ -1,4 +1,4 @@
-"""The extractor's skill, measured apart from the policy (METHOD.md "Extractor objective" is what it checks).
+"""The extractor's skill, measured apart from the policy (docs/method.md "Extractor objective" is what it checks).
 
     probe = ExtractorProbe.for_run(cfg, run_dir)   # None where no env of the run has an entry checker
     probe.measure(experience, step)                # -> extractor/probe_* metrics

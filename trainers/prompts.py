@@ -8,7 +8,7 @@ Actor turn (ChatML through the tokenizer's chat template):
                current observation
     assistant: one action, or <search_and_ask>query</search_and_ask>, ended by <|im_end|>
 
-Extractor (METHOD.md step 3): task, outcome, the previous memories shown (numbered), the
+Extractor (docs/method.md step 3): task, outcome, the previous memories shown (numbered), the
 trajectory, the operation budget -> `<think>…</think><answer>[ops]</answer>`.
 
 Templates are plain `str.format` strings; a user overrides them by config
@@ -38,7 +38,7 @@ EXPERIENCE_BLOCK = "Experience from earlier episodes (it may be wrong; check it 
 ACTOR_USER = "Task: {task}\n{history}Observation:\n{observation}\n{experience_block}Your action:"
 HISTORY_ITEM = "Earlier observation:\n{observation}\nYour action then: {action}\n"
 TOOL_RESULT = "Answer from the experience library:\n{answer}"
-# Actor as critic (METHOD.md, optional): the actor judges a retrieved entry before the episode uses it.
+# Actor as critic (docs/method.md, optional): the actor judges a retrieved entry before the episode uses it.
 ACTOR_CRITIC = (
     "Task: {task}\nAn entry from the experience library:\n{entry}\n"
     "Will this entry help you with this task? Reply with one word: accept, refine or reject."
@@ -284,7 +284,7 @@ def critic_messages(*, task: str, entry: str, templates: Templates = DEFAULT_TEM
 
 
 def parse_critic_reply(text: str) -> float | None:
-    """accept -> 1, refine -> 0.5, reject -> 0 (METHOD.md); the first of those words in the reply, or None."""
+    """accept -> 1, refine -> 0.5, reject -> 0 (docs/method.md); the first of those words in the reply, or None."""
     m = re.search(r"\b(accept|refine|reject)", text.lower())
     return CRITIC_SCORES[m.group(1)] if m else None
 

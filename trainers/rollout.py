@@ -203,7 +203,7 @@ class Roller:
         batch = Batch([], step, time.perf_counter())
         starts = self.pool.reset_many([(i, s.seed, s.options) for i, s in pairs])
         batch.lives = [self._start(i, s, r) for (i, s), r in zip(pairs, starts)]
-        # Retrieval at episode start (METHOD.md step 1): one call, batched by the manager.
+        # Retrieval at episode start (docs/method.md step 1): one call, batched by the manager.
         want = [lv for lv in batch.lives if lv.ep.spec.with_experience and not lv.done and not lv.given]
         if want and retrieval and self.manager is not None:
             t1 = time.perf_counter()
@@ -291,7 +291,7 @@ class Roller:
         return stats
 
     def _critique(self, lives: Sequence[_Live], hits: Sequence[Sequence[Any]], step: int) -> dict[str, float]:
-        """Actor as critic (METHOD.md, optional): one batched call judges every retrieved entry;
+        """Actor as critic (docs/method.md, optional): one batched call judges every retrieved entry;
         rejected entries are not shown. An unparsable judgement counts as accept (the entry is
         used, as without the critic) and is counted in `critic/unparsed`."""
         pairs = [(lv, h) for lv, hs in zip(lives, hits) for h in hs]
@@ -340,7 +340,7 @@ class Roller:
         return lv
 
     def _tool_turn(self, lv: _Live, query: str, step: int) -> None:
-        """Search-and-ask (METHOD.md step 2): the answer becomes the next observation; no env step."""
+        """Search-and-ask (docs/method.md step 2): the answer becomes the next observation; no env step."""
         lv.tool_calls += 1
         t0 = time.perf_counter()
         answer, ids, gen = self.tool_fn(lv.ep.traj.task, query, lv.ep.spec.env, step)
