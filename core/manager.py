@@ -24,7 +24,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -112,6 +112,7 @@ class _Pending:
     k: int
     future: asyncio.Future
     scope: str | None = None  # the query's own task (manager.task_scope)
+    step: int | None = None  # the run step the retrieval counts toward (a resume may take it back)
 
 
 @dataclass
@@ -161,8 +162,12 @@ class ExperienceManager:
         *,
         seed: int = 0,
         start: bool = True,
+        run_id: int | None = None,
     ):
+        """run_id: the training run whose retrievals these are: with a search's `step`, the store keeps what each step
+        added to the retrieval counters, so a resume from an earlier checkpoint can take it back."""
         self.store = store
+        self.run_id = run_id
         self.embedder = embedder
         self.cfg = cfg or ManagerConfig()
         self.index = VectorIndex(embedder.dim, index_cfg)
@@ -175,7 +180,10 @@ class ExperienceManager:
         self._batcher = ThreadPoolExecutor(max_workers=2, thread_name_prefix="expmgr-batch")
         self._pending: list[_Pending] = []
         self._flush_handle: asyncio.TimerHandle | None = None
-        self._counter_q: queue.Queue[list[int] | None] = queue.Queue()
+        # (time, [(entry id, run step)]) per retrieval batch, written to the store behind retrieval
+        self._counter_q: queue.Queue[tuple[float, list[tuple[int, int | None]]] | None] = queue.Queue()
+        self._counted = [0, 0]  # batches queued, batches written (flush_counters waits for the second to reach the first)
+        self._counted_lock = threading.Lock()
         self.latency = LatencyWindow()
         self.stats = {"queries": 0, "batches": 0, "hits": 0, "empty": 0, "syncs": 0}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -299,23 +307,26 @@ class ExperienceManager:
     # -- retrieval -------------------------------------------------------------------------------
 
     async def search(self, queries: Sequence[str], k: int | None = None, task: str | Sequence[str | None] | None = None,
-                     scope: Sequence[str | None] | None = None) -> list[list[Hit]]:
+                     scope: Sequence[str | None] | None = None, step: int | None = None) -> list[list[Hit]]:
         """Top-k entries per query. `task` restricts each query to one group of entries (the env name
         when manager.filter_by is 'env', the task text when 'task'); a list gives one per query.
-        `scope` (one per query): the query's own task text, searched first when manager.task_scope is on."""
+        `scope` (one per query): the query's own task text, searched first when manager.task_scope is on. `step`: the
+        training step the retrievals count toward (with the manager's run_id)."""
         if asyncio.get_running_loop() is not self._loop:
-            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._search(list(queries), k, task, scope), self._loop))
-        return await self._search(list(queries), k, task, scope)
+            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._search(list(queries), k, task, scope, step),
+                                                                              self._loop))
+        return await self._search(list(queries), k, task, scope, step)
 
     def search_sync(self, queries: Sequence[str], k: int | None = None, task: str | Sequence[str | None] | None = None,
-                    timeout: float | None = 60.0, scope: Sequence[str | None] | None = None) -> list[list[Hit]]:
+                    timeout: float | None = 60.0, scope: Sequence[str | None] | None = None,
+                    step: int | None = None) -> list[list[Hit]]:
         if self._loop is None:
             raise RuntimeError("the ExperienceManager is not started")
-        fut = asyncio.run_coroutine_threadsafe(self._search(list(queries), k, task, scope), self._loop)
+        fut = asyncio.run_coroutine_threadsafe(self._search(list(queries), k, task, scope, step), self._loop)
         return fut.result(timeout)
 
     async def _search(self, queries: list[str], k: int | None, task: str | Sequence[str | None] | None,
-                      scope: Sequence[str | None] | None = None) -> list[list[Hit]]:
+                      scope: Sequence[str | None] | None = None, step: int | None = None) -> list[list[Hit]]:
         k = k or self.cfg.top_k
         groups = list(task) if isinstance(task, (list, tuple)) else [task] * len(queries)
         scopes = list(scope) if scope is not None else [None] * len(queries)
@@ -325,7 +336,7 @@ class ExperienceManager:
         futs = []
         for q, g, sc in zip(queries, groups, scopes):
             fut = loop.create_future()
-            self._pending.append(_Pending(q, g if self.cfg.filter_by != "none" else None, k, fut, sc))
+            self._pending.append(_Pending(q, g if self.cfg.filter_by != "none" else None, k, fut, sc, step))
             futs.append(fut)
         if len(self._pending) >= self.cfg.batch_size:
             self._flush()
@@ -357,7 +368,8 @@ class ExperienceManager:
     def _process(self, batch: list[_Pending]) -> list[list[Hit]]:
         t0 = time.perf_counter()
         vecs = self.embedder.embed_queries([p.query for p in batch])  # (B, d), misses embedded in one call
-        results = self.retrieve_vectors(vecs, [p.group for p in batch], [p.k for p in batch], [p.scope for p in batch])
+        results = self.retrieve_vectors(vecs, [p.group for p in batch], [p.k for p in batch], [p.scope for p in batch],
+                                        [p.step for p in batch])
         ms = (time.perf_counter() - t0) * 1000.0
         for _ in batch:
             self.latency.add(ms)
@@ -365,14 +377,14 @@ class ExperienceManager:
         return results
 
     def retrieve_vectors(self, vecs: np.ndarray, groups: list[str | None], ks: list[int],
-                         scopes: Sequence[str | None] | None = None) -> list[list[Hit]]:
-        """Search, re-rank and count, for already-embedded queries (B, d)."""
+                         scopes: Sequence[str | None] | None = None, steps: Sequence[int | None] | None = None) -> list[list[Hit]]:
+        """Search, re-rank and count, for already-embedded queries (B, d); steps: the run step each counts toward."""
         kmax = max(ks)
         n_cand = kmax * (self.cfg.oversample if self.cfg.diversify else 1)
         out: list[list[Hit]] = [[] for _ in groups]
         scopes = list(scopes) if scopes is not None else [None] * len(groups)
         now = time.time()
-        chosen_ids: list[int] = []
+        chosen_ids: list[tuple[int, int | None]] = []  # (entry id, run step) per pick
         # Picks earlier in this batch count for the later queries (Eq. 6 sees them as retrieved just now):
         # without this, identical queries of one micro-batch (a task's K/2 rollouts) all get the same entry.
         picked: dict[int, int] = {}
@@ -405,7 +417,7 @@ class ExperienceManager:
                         s, i = valid[j]
                         m = metas[j]
                         out[r].append(Hit(entry_id=i, text=m.text, score=s, rank_score=ranked[j], task=m.task, env=m.env))
-                        chosen_ids.append(i)
+                        chosen_ids.append((i, steps[r] if steps is not None else None))
                         if self.cfg.record_usage:
                             picked[i] = picked.get(i, 0) + 1
         self.stats["queries"] += len(groups)
@@ -413,13 +425,15 @@ class ExperienceManager:
         if not self.cfg.record_usage:
             return out
         # Counters move in memory at once (the next batch's Eq. 6 sees them) and reach the store behind.
-        for i in chosen_ids:
+        for i, _ in chosen_ids:
             m = self._meta.get(i)
             if m is not None:
                 m.retrieved += 1
                 m.last_retrieved_at = now
         if chosen_ids:
-            self._counter_q.put(chosen_ids)
+            with self._counted_lock:
+                self._counted[0] += 1
+                self._counter_q.put((now, chosen_ids))  # the store gets the same time as _meta (a resume reads it back)
         return out
 
     def _parallel_search(self, q: np.ndarray, k: int, group: str | tuple[str, ...] | None) -> tuple[np.ndarray, np.ndarray]:
@@ -434,24 +448,48 @@ class ExperienceManager:
     def _counter_writer(self) -> None:
         while True:
             item = self._counter_q.get()
-            batch = [] if item is None else list(item)
-            while True:  # drain what queued meanwhile: one write for many batches
+            got = [item]
+            while True:  # drain what queued meanwhile: one write per run step for many batches
                 try:
-                    more = self._counter_q.get_nowait()
+                    got.append(self._counter_q.get_nowait())
                 except queue.Empty:
                     break
-                if more is None:
-                    item = None
-                else:
-                    batch.extend(more)
-            if batch:
+            by_step: dict[int | None, tuple[list[int], dict[int, float]]] = {}
+            for it in got:
+                if it is None:
+                    continue
+                at, picks = it
+                for i, step in picks:
+                    ids, when = by_step.setdefault(step, ([], {}))
+                    ids.append(i)
+                    when[i] = at  # batches queue in time order: the latest time wins
+            for step, (ids, when) in by_step.items():
                 try:
-                    self.store.record_retrievals(batch)
+                    self.store.record_retrievals(ids, at=when, run_id=self.run_id, step=step)
                 except Exception:
                     log.exception("could not record retrieval counters")
-            if item is None:
+            with self._counted_lock:
+                self._counted[1] += sum(it is not None for it in got)
+            if any(it is None for it in got):
                 return
             time.sleep(0.05)
+
+    def flush_counters(self, timeout: float = 60.0) -> None:
+        """Block until every retrieval counted before this call is in the store (a checkpoint's counters are all there);
+        later ones, a prefetch's, need not wait."""
+        t0, target = time.time(), self._counted[0]
+        while self._threads and self._counted[1] < target and not self._closed.is_set() and time.time() - t0 < timeout:
+            time.sleep(0.01)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the manager: the random demotion's RNG (Eq. 6's counters are the store's, written
+        first)."""
+        self.flush_counters()
+        return {"rng": self._rng.getstate()}
+
+    def load_state_dict(self, st: dict[str, Any]) -> None:
+        if st.get("rng") is not None:
+            self._rng.setstate(st["rng"])
 
     def latency_percentiles(self, since: int = 0) -> tuple[dict[str, float], int]:
         """p50/p99 of the retrieval latencies recorded after the first `since` ({} when there are none), and the
@@ -505,7 +543,8 @@ class ExperienceManager:
                     results.append(OpResult(op, True, new_id=new_id, archived=list(op.ids)))
                 else:
                     self._check_active(op.ids)
-                    archived = self.store.archive(op.ids, actor=ctx.actor, note="discarded")
+                    archived = self.store.archive(op.ids, actor=ctx.actor, note="discarded", run_id=ctx.run_id,
+                                                  step=ctx.step if ctx.run_id is not None else None)
                     results.append(OpResult(op, True, archived=archived))
             except StoreError as e:
                 results.append(OpResult(op, False, error=str(e)))
@@ -549,8 +588,8 @@ class ExperienceManager:
         """Eq. 7 inputs keyed by entry id: (trained_count, last_trained_step)."""
         return self.store.training_stats(entry_ids)
 
-    def record_trained(self, entry_ids: Sequence[int], step: int) -> None:
-        self.store.record_trained(entry_ids, step)
+    def record_trained(self, entry_ids: Sequence[int], step: int, **kw) -> None:  # noqa: ANN003
+        self.store.record_trained(entry_ids, step, **kw)
 
     def record_outcomes(self, usages: Sequence[tuple[int, bool, float]], **kw) -> None:  # noqa: ANN003
         self.store.record_outcomes(usages, **kw)

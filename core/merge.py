@@ -212,7 +212,8 @@ class _Walk:
                     new_entries.append(nid)
                     touched |= set(op.ids)
                 elif op.kind == "discard":
-                    store.archive(op.ids, actor=actor, note="discarded by merge", expected_versions={i: by_id[i].version for i in op.ids})
+                    store.archive(op.ids, actor=actor, note="discarded by merge", expected_versions={i: by_id[i].version for i in op.ids},
+                                  run_id=run_id, step=step if run_id is not None else None)
                     report.discards += len(op.ids)
                     touched |= set(op.ids)
                 else:

@@ -478,3 +478,83 @@ def test_a_variant_leaves_its_frozen_model_unchanged(tmp_path, models, variant, 
         assert m["extractor/updates"] == 0.0 and "policy/loss" in m
     else:
         assert m["extractor/updates"] >= 1 and "policy/loss" not in m
+
+
+def counters_of(db: str) -> dict:
+    """What the algorithm reads of a finished run's store, in an order that does not depend on entry ids (a resumed run's
+    replayed entries have new ids; the ones it took back stay, archived, in the history): each entry's text, status and
+    counters (Eq. 6: retrievals; Eq. 7: trainings, last update; outcomes), each step's episodes and the entries they were
+    shown, every metric but TIMING, and Eq. 7's weights at the end."""
+    from core.advantages import weights_for_entries
+    from trainers.config import ExtractorSection
+
+    store = ExperienceStore(db)
+    run = store.list_runs()[0]
+    entries = [e for e in store.list_entries(status=None, limit=10**6).entries
+               if store.history(e.id)[-1].action != "rollback" or e.status.value == "active"]
+    text = {e.id: e.text for e in entries}
+    metrics = {(k, s): v for _, k, s, v, _ in store.metrics_since(run["id"]) if k not in TIMING}
+    episodes = sorted((t["step"], t["seed"], t["task"], t["success"], tuple(text[i] for i in store.get_trajectory(t["id"])["experience_ids"]))
+                      for t in store.list_trajectories(run_id=run["id"], limit=10**6))
+    xc = ExtractorSection()
+    ids = [e.id for e in entries]
+    eq7 = weights_for_entries(ids, {e.id: e.trained_count for e in entries}, {e.id: e.last_trained_step for e in entries},
+                              int(metrics[("extractor/updates", run["step"])]), alpha=xc.alpha, cooldown=xc.cooldown)
+    out = {"entries": [(e.text, e.task, e.created_step, e.source.value, e.status.value, e.retrieved_count, e.trained_count,
+                        e.last_trained_step, e.successes, e.failures) for e in entries],
+           "eq7": [float(w) for w in eq7], "episodes": episodes, "metrics": metrics, "run": (run["status"], run["step"])}
+    store.close()
+    return out
+
+
+@pytest.mark.slow
+def test_a_run_killed_past_its_checkpoint_and_resumed_reads_the_counters_of_a_run_never_killed(tmp_path, models):
+    """Issue 40 item 5. Four deterministic steps straight, against four steps whose first attempt checkpoints at step 2
+    and is SIGKILLed once step 3 is logged, then resumed: the replayed step 3 must not count twice. Every counter Eq. 6
+    and Eq. 7 read (entry retrieval and training counts, last update, outcomes), the entries and which ones each
+    episode was shown, every metric and both models' weights are equal. (last_retrieved_at is a wall-clock time, equal
+    to the checkpoint's after the resume but never between two runs; Eq. 6's recency compares it with the clock. The
+    random tiny extractor writes no entry that parses, so the undoing of a run's library writes is tested in
+    tests/test_store.py.)"""
+    # CISPO every 2 samples: an extractor update in every step, the replayed step 3's included
+    sets = [a for s in (*LEARNING, "run.checkpoint_every=2", "extractor.buffer_size=2") for a in ("--set", s)]
+    dbs = {}
+    for name in ("straight", "killed"):
+        (tmp_path / name).mkdir()
+        dbs[name] = f"sqlite:///{tmp_path / name / 'workbench.db'}"
+        seed_extracted_library(dbs[name], models)
+    cfg = write_config(tmp_path / "c.yaml", models, steps=4, deterministic=True)
+    p = comprl("train", str(cfg), *sets, data=tmp_path / "straight" / "data", db=dbs["straight"])
+    out, _ = p.communicate(timeout=900)
+    assert p.returncode == 0, out[-4000:]
+
+    data, store = tmp_path / "killed" / "data", ExperienceStore(dbs["killed"])
+    log = (tmp_path / "killed.log").open("w")
+    p = subprocess.Popen([sys.executable, "-m", "app.cli", "train", str(cfg), *sets, "--max-steps", "8", "--data-dir",
+                          str(data)], cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1", "COMPRL_DB": dbs["killed"]},
+                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 900
+    while p.poll() is None and time.time() < deadline and not (store.list_runs() and store.list_runs()[0]["step"] >= 3):
+        time.sleep(0.05)
+    os.killpg(p.pid, signal.SIGKILL)  # in step 4, before its checkpoint: step 3 is done but saved nowhere
+    p.wait(timeout=60)
+    run = store.list_runs()[0]
+    assert run["step"] == 3 and (Path(run["checkpoint_dir"]) / "latest").read_text() == "step_000002", \
+        (tmp_path / "killed.log").read_text()[-3000:]
+    r = comprl("train", "--resume", str(run["id"]), "--max-steps", "4", data=data, db=dbs["killed"])
+    out, _ = r.communicate(timeout=900)
+    assert r.returncode == 0 and "resumed from step 2" in out, out[-4000:]
+    took = next(line for line in out.splitlines() if "took back what the interrupted attempt wrote past step 2" in line)
+    assert " 0 retrievals" not in took and " 0 training marks" not in took, took  # step 3 retrieved and trained
+    store.close()
+
+    a, b = counters_of(dbs["straight"]), counters_of(dbs["killed"])
+    assert a["run"] == b["run"] == ("finished", 4)
+    assert any(e[6] for e in a["entries"]) and any(e[5] for e in a["entries"])  # entries were trained on and retrieved
+    assert a["entries"] == b["entries"]
+    assert a["eq7"] == b["eq7"]
+    assert a["episodes"] == b["episodes"]
+    assert a["metrics"] == b["metrics"]
+    ck = {n: Path(ExperienceStore(dbs[n]).list_runs()[0]["checkpoint_dir"]) / "step_000004" for n in dbs}
+    assert same_weights(ck["straight"] / "policy", ck["killed"] / "policy")
+    assert same_weights(ck["straight"] / "extractor", ck["killed"] / "extractor")

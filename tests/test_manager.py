@@ -217,3 +217,32 @@ def test_latency_and_training_stats(manager):
     assert n == 4 and new["retrieval/latency_p50_ms"] == new["retrieval/latency_p99_ms"] == manager.latency.values_ms[-1]
     manager.record_trained([a, a], step=7)
     assert manager.training_stats([a]) == {a: (2, 7)}
+
+
+def test_a_runs_retrievals_are_counted_by_step_and_a_resume_takes_later_steps_back(store, embedder):
+    """The counts Eq. 6 reads, written behind retrieval, are tagged with the run and step: a checkpoint's state_dict
+    waits until they are in the store, a resume from it takes later steps' back (and the demotion RNG is restored)."""
+    run = store.create_run("r")
+    m = ExperienceManager(store, embedder, ManagerConfig(sync_interval_s=0.2), IndexConfig(use_gpu="never"), run_id=run)
+    try:
+        a = add(m, APPLE, "e", "apple")
+        m.search_sync(["apple"], step=1)
+        m.search_sync(["apple"] * 2, step=2)
+        st = m.state_dict()  # the checkpoint at step 2: every count so far is in the store
+        at_checkpoint = store.get(a)
+        assert at_checkpoint.retrieved_count == 3 and at_checkpoint.last_retrieved_at == m._meta[a].last_retrieved_at
+        demotions = [m._rng.random() for _ in range(3)]
+        m.search_sync(["apple"], step=3)
+        m.state_dict()
+        assert store.get(a).retrieved_count == 4
+    finally:
+        m.close()
+    assert store.drop_after_step(run, 2)["retrievals"] == 1
+    back = store.get(a)
+    assert (back.retrieved_count, back.last_retrieved_at) == (3, at_checkpoint.last_retrieved_at)
+    m2 = ExperienceManager(store, embedder, ManagerConfig(), IndexConfig(use_gpu="never"), run_id=run)
+    try:
+        m2.load_state_dict(st)
+        assert [m2._rng.random() for _ in range(3)] == demotions and m2._meta[a].retrieved == 3
+    finally:
+        m2.close()

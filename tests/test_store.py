@@ -264,13 +264,55 @@ def test_metrics_once_per_step_and_key_and_resume_drops_what_lies_past_the_check
     store.record_outcomes([(e, False, 0.0)], run_id=other, step=9)
     assert (store.get(e).successes, store.get(e).failures) == (3, 2)
     # a resume from the step-1 checkpoint
-    assert store.drop_after_step(run, 1) == {"metrics": 4, "episodes": 4, "outcomes": 3}
+    assert store.drop_after_step(run, 1) == {"metrics": 4, "episodes": 4, "outcomes": 3, "retrievals": 0, "trainings": 0,
+                                             "entries": 0}
     assert {s for _, _, s, _, _ in store.metrics_since(run)} == {1}
     assert {t["step"] for t in store.list_trajectories(run_id=run)} == {1}
     assert len(store.metrics_since(other)) == 1
     assert sorted((u["run_id"], u["step"]) for u in store.usage(e)) == [(run, 1), (other, 9)]
     assert (store.get(e).successes, store.get(e).failures) == (1, 1)
-    assert store.drop_after_step(run, 1) == {"metrics": 0, "episodes": 0, "outcomes": 0}  # a second resume: nothing
+    assert not any(store.drop_after_step(run, 1).values())  # a second resume: nothing
+
+
+def test_resume_takes_back_the_counters_and_library_writes_of_the_steps_it_redoes(store):
+    """What Eq. 6 and Eq. 7 read (retrieval counts and last retrieval, training counts and last update) and the run's
+    library writes past the checkpoint go back to the checkpoint's; another run's, a person's and an untagged write
+    stay. The undoing is new versions (history keeps both), and the same steps redone give the same counters."""
+    from core.types import Status
+
+    run, other = store.create_run("r"), store.create_run("another run")
+    a, b, c = (store.add_entry(t, env="e", task="t") for t in ("a", "b", "c"))
+
+    def step_1_and_2() -> None:
+        store.record_retrievals([a, a, b], at={a: 10.0, b: 11.0}, run_id=run, step=1)
+        store.record_trained([a], 0, run_id=run, run_step=1)
+        store.record_retrievals([a], at=20.0, run_id=run, step=2)
+
+    step_1_and_2()
+    store.record_retrievals([c], at=5.0)  # a person's search, untagged
+    at_checkpoint = {i: (e.retrieved_count, e.last_retrieved_at, e.trained_count, e.last_trained_step)
+                     for i, e in store.get_many([a, b, c]).items()}
+    assert at_checkpoint[a] == (3, 20.0, 1, 0) and at_checkpoint[c] == (1, 5.0, 0, None)
+    # steps 3 and 4 of the attempt that is killed: more counts, an entry written, one replaced, one discarded
+    store.record_retrievals([a, b, c], at=30.0, run_id=run, step=3)
+    store.record_trained([a, b], 1, run_id=run, run_step=3)
+    store.record_retrievals([b], at=40.0, run_id=other, step=3)  # another run's: kept
+    new = store.add_entries([NewEntry(text="written at step 3", env="e", task="t", run_id=run, created_step=3)])[0]
+    replacing = store.replace_entries([a], NewEntry(text="a, rewritten", run_id=run, created_step=4), actor="extractor",
+                                      action="op_update")
+    store.archive([c], actor="extractor", run_id=run, step=4)
+    person = store.add_entry("a person's entry, written meanwhile", env="e", actor="human")
+    took = store.drop_after_step(run, 2)
+    assert (took["retrievals"], took["trainings"], took["entries"]) == (3, 2, 4)
+    e = store.get_many([a, b, c, new, replacing, person])
+    assert {i: (x.retrieved_count, x.last_retrieved_at, x.trained_count, x.last_trained_step) for i, x in e.items()
+            if i in (a, c)} == {a: at_checkpoint[a], c: at_checkpoint[c]}
+    assert (e[b].retrieved_count, e[b].last_retrieved_at) == (2, 40.0)  # this run's step-3 one gone, the other run's kept
+    assert [e[i].status for i in (a, b, c, new, replacing, person)] == [Status.ACTIVE] * 3 + [Status.ARCHIVED] * 2 + [Status.ACTIVE]
+    assert store.history(new)[-1].action == "rollback" and len(store.history(a)) == 3  # create, replaced, rollback
+    assert not any(store.drop_after_step(run, 2).values())  # a second resume from the same checkpoint: nothing more
+    store.record_retrievals([a, b, c], at=30.0, run_id=run, step=3)  # the redone step counts once
+    assert store.get(a).retrieved_count == 4
 
 
 def test_dead_runs_are_reaped_with_the_end_of_their_log(store, tmp_path):

@@ -102,10 +102,10 @@ def train(ctx: RunContext) -> None:
     manager = experience = None
     if cfg.uses_experience:
         if cluster is not None:
-            manager = cluster.manager(ctx.store.url)
+            manager = cluster.manager(ctx.store.url, run_id=ctx.run_id)
         else:
             manager = ExperienceManager(ctx.store, Embedder(cfg.library.embedding), cfg.library.manager, cfg.library.index,
-                                        seed=cfg.run.seed)
+                                        seed=cfg.run.seed, run_id=ctx.run_id)
         experience = ExperienceLoop(cfg.extractor, cfg.library, ctx.store, manager, seed=cfg.run.seed, threads=cfg.run.threads,
                                     trains=cfg.trains_extractor, deterministic=cfg.run.deterministic,
                                     data_dir=ctx.data_dir, run_id=ctx.run_id, checkpoint=ckpt)
@@ -124,12 +124,16 @@ def train(ctx: RunContext) -> None:
     probe = ExtractorProbe.for_run(cfg, ctx.run_dir) if experience is not None else None
 
     state = ctx.load_state()
+    if manager is not None and any(ctx.dropped.values()):
+        manager.sync(full=True)  # the entries and counters load_state took back to the checkpoint (Eq. 6 reads them)
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])
         mixture.setstate(state["mixture_rng"])
         rng.setstate(state["task_rng"])
         if experience is not None and "experience" in state:
             experience.load_state_dict(state["experience"])
+        if manager is not None and "manager" in state:
+            manager.load_state_dict(state["manager"])
         how = "forked from" if ctx.fork_from is not None and ckpt == ctx.fork_from else "resumed from"
         print(f"run {ctx.run_id} {how} step {ctx.start_step} ({ckpt})", flush=True)
 
@@ -139,6 +143,8 @@ def train(ctx: RunContext) -> None:
         if experience is not None:
             models.update(experience.models_to_save())
             st["experience"] = experience.state_dict()
+        if manager is not None:
+            st["manager"] = manager.state_dict()  # its RNG; after the retrieval counters reached the store
         ctx.save_checkpoint(step, models=models, state=st)
 
     rollouts = Rollouts(cfg, roller, router, mixture, rng, learner=learner, manager=manager)

@@ -55,6 +55,7 @@ class RunContext:
     run_dir: Path
     start_step: int = 0
     fork_from: Path | None = None  # a parent run's checkpoint this run starts from (fork)
+    dropped: dict[str, int] = field(default_factory=dict)  # what load_state took back (store.drop_after_step)
     stop_flag: threading.Event = field(default_factory=threading.Event)
     _last_print: float = 0.0
 
@@ -223,11 +224,14 @@ class RunContext:
             self.start_step = int(state["step"])
         # Steps past the checkpoint are about to be redone: what a killed earlier attempt logged for them
         # goes, so each (step, key) and each episode is stored once (a fresh run has nothing to drop).
-        dropped = self.store.drop_after_step(self.run_id, self.start_step)
+        # Counters the algorithm reads (retrievals for Eq. 6, training marks for Eq. 7, outcomes) go back to the
+        # checkpoint's values, and the library writes of those steps are undone (archived, or restored).
+        self.dropped = dropped = self.store.drop_after_step(self.run_id, self.start_step)
         if any(dropped.values()):
-            print(f"run {self.run_id}: dropped {dropped['metrics']} metric points, {dropped['episodes']} episodes and "
-                  f"{dropped['outcomes']} entry outcomes logged past step {self.start_step} by the attempt that was "
-                  "interrupted", flush=True)
+            print(f"run {self.run_id}: took back what the interrupted attempt wrote past step {self.start_step}: "
+                  f"{dropped['metrics']} metric points, {dropped['episodes']} episodes, {dropped['outcomes']} entry outcomes, "
+                  f"{dropped['retrievals']} retrievals, {dropped['trainings']} training marks, {dropped['entries']} "
+                  "entry changes", flush=True)
         return state
 
     # -- the end ------------------------------------------------------------------------------------

@@ -213,7 +213,7 @@ class ExperienceLoop:
     def tool_fn(self, task: str, query: str, env: str, step: int) -> tuple[str, list[int], Any]:
         """The Roller's search-and-ask tool (it measures each call's latency: search_and_ask/latency_ms)."""
         self.counters["tool_calls"] += 1
-        hits = self.manager.search_sync([query or task], k=1, task=env, scope=[task])[0]
+        hits = self.manager.search_sync([query or task], k=1, task=env, scope=[task], step=step)[0]
         if not hits:
             return "", [], None
         self.counters["tool_hits"] += 1
@@ -316,7 +316,7 @@ class ExperienceLoop:
             self.infer.sync_weights(self.backend.state_dict_for_sync())
         trained = [s.entry_id for s in batch if s.entry_id is not None]
         # recorded at the update's index, so the next update sees steps_since_trained = 1
-        self.store.record_trained(trained, self.updates - 1)
+        self.store.record_trained(trained, self.updates - 1, run_id=self.run_id, run_step=step)  # a resume takes it back
         st = [cispo_stats(lp, o, m, eps_low=self.xc.eps_low, eps_high=self.xc.eps_high) for lp, o, m in logps]
         w = weights if weights is not None else torch.ones(len(batch))
         return {

@@ -92,9 +92,9 @@ class RayCluster:
         return RayEnvPool(envs, num_actors=rc.env_actors or self.cfg.run.threads or 2, step_timeout_s=rc.step_timeout_s,
                           actor_cpus=rc.env_actor_cpus)
 
-    def manager(self, db_url: str, cfg=None) -> "RemoteManager":  # noqa: ANN001
+    def manager(self, db_url: str, cfg=None, run_id: int | None = None) -> "RemoteManager":  # noqa: ANN001
         cfg = cfg or self.cfg
-        return RemoteManager.start(db_url, cfg.library, seed=cfg.run.seed, cpus=cfg.ray.manager_cpus,
+        return RemoteManager.start(db_url, cfg.library, seed=cfg.run.seed, run_id=run_id, cpus=cfg.ray.manager_cpus,
                                    call_timeout_s=cfg.ray.call_timeout_s, restart_timeout_s=cfg.ray.restart_timeout_s,
                                    node_id=self.node_id if db_url.startswith("sqlite") else None)
 
@@ -324,21 +324,21 @@ class RayEnvPool(SlotPoolAPI):
 
 # the manager's plain methods a caller may reach through the actor (run in a thread, off the actor's event loop)
 _SYNC_METHODS = frozenset({"entry_texts", "active_count", "sync", "latency_percentiles", "training_stats", "record_trained",
-                           "record_outcomes", "validate"})
+                           "record_outcomes", "validate", "state_dict", "load_state_dict"})
 
 
 class ManagerActor:
     """The ExperienceManager in its own process. An async actor: concurrent callers' searches wait together on the
     manager's micro-batcher, so queries from every rollout worker meet in the same batches."""
 
-    def __init__(self, db_url: str, library: LibraryConfig, seed: int) -> None:
+    def __init__(self, db_url: str, library: LibraryConfig, seed: int, run_id: int | None = None) -> None:
         # start() rebuilds the index from the store: the same on a first start and after a restart
         self.m = ExperienceManager(ExperienceStore(db_url), Embedder(library.embedding), library.manager, library.index,
-                                   seed=seed)
+                                   seed=seed, run_id=run_id)
         self.incarnation = uuid.uuid4().hex
 
-    async def search(self, queries: list[str], k: int | None, task: Any, scope: Any) -> list[list[Any]]:
-        return await self.m.search(queries, k=k, task=task, scope=scope)
+    async def search(self, queries: list[str], k: int | None, task: Any, scope: Any, step: int | None = None) -> list[list[Any]]:
+        return await self.m.search(queries, k=k, task=task, scope=scope, step=step)
 
     async def apply_operations(self, ops: list[Operation], ctx: Any, retried: bool) -> list[OpResult]:
         return await asyncio.to_thread(self._apply, ops, ctx, retried)
@@ -395,15 +395,15 @@ class RemoteManager:
         self._closed = False
 
     @classmethod
-    def start(cls, db_url: str, library: LibraryConfig, *, seed: int, cpus: float = 0.5, call_timeout_s: float = 120.0,
-              restart_timeout_s: float = 300.0, node_id: str | None = None) -> "RemoteManager":
+    def start(cls, db_url: str, library: LibraryConfig, *, seed: int, run_id: int | None = None, cpus: float = 0.5,
+              call_timeout_s: float = 120.0, restart_timeout_s: float = 300.0, node_id: str | None = None) -> "RemoteManager":
         check_store_url(db_url)
         opts: dict[str, Any] = dict(max_restarts=-1, max_task_retries=0, num_cpus=cpus, max_concurrency=1000)
         if node_id is not None:  # a SQLite file lives on the driver's disk: the manager must run beside it
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
             opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
-        handle = ray.remote(ManagerActor).options(**opts).remote(db_url, library, seed)
+        handle = ray.remote(ManagerActor).options(**opts).remote(db_url, library, seed, run_id)
         rm = cls(handle, call_timeout_s=call_timeout_s, restart_timeout_s=restart_timeout_s)
         try:
             rm.info(timeout=ACTOR_START_TIMEOUT_S)
@@ -438,14 +438,14 @@ class RemoteManager:
             time.sleep(min(0.25 * 2 ** attempt, 2.0))
 
     def search_sync(self, queries: Sequence[str], k: int | None = None, task: Any = None, timeout: float | None = None,
-                    scope: Sequence[str | None] | None = None) -> list[list[Any]]:
+                    scope: Sequence[str | None] | None = None, step: int | None = None) -> list[list[Any]]:
         args = (list(queries), k, list(task) if isinstance(task, (list, tuple)) else task,
-                list(scope) if scope is not None else None)
+                list(scope) if scope is not None else None, step)
         return self._call(lambda _: self.actor.search.remote(*args), "search")
 
     async def search(self, queries: Sequence[str], k: int | None = None, task: Any = None,
-                     scope: Sequence[str | None] | None = None) -> list[list[Any]]:
-        return await asyncio.to_thread(self.search_sync, queries, k, task, None, scope)
+                     scope: Sequence[str | None] | None = None, step: int | None = None) -> list[list[Any]]:
+        return await asyncio.to_thread(self.search_sync, queries, k, task, None, scope, step)
 
     def apply_operations(self, ops: Sequence[Operation], ctx: Any = None) -> list[OpResult]:
         ops, ctx = list(ops), ctx or OpContext()
@@ -470,14 +470,20 @@ class RemoteManager:
     def training_stats(self, entry_ids: Sequence[int]) -> dict[int, tuple[int, int | None]]:
         return self._plain("training_stats", list(entry_ids))
 
-    def record_trained(self, entry_ids: Sequence[int], step: int) -> None:
-        self._plain("record_trained", list(entry_ids), step)
+    def record_trained(self, entry_ids: Sequence[int], step: int, **kw: Any) -> None:
+        self._plain("record_trained", list(entry_ids), step, **kw)
 
     def record_outcomes(self, usages: Sequence[tuple[int, bool, float]], **kw: Any) -> None:
         self._plain("record_outcomes", list(usages), **kw)
 
     def validate(self, op: Operation) -> str:
         return self._plain("validate", op)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._plain("state_dict")
+
+    def load_state_dict(self, st: dict[str, Any]) -> None:
+        self._plain("load_state_dict", st)
 
     def info(self, timeout: float | None = None) -> dict[str, Any]:
         """pid, node, incarnation, library size and version of the actor."""

@@ -208,7 +208,7 @@ class Roller:
         if want and retrieval and self.manager is not None:
             t1 = time.perf_counter()
             hits = self.manager.search_sync([lv.ep.traj.task for lv in want], task=[lv.ep.spec.env for lv in want],
-                                            scope=[lv.ep.traj.task for lv in want])
+                                            scope=[lv.ep.traj.task for lv in want], step=step)
             batch.t_ret = time.perf_counter() - t1
             for lv, hs in zip(want, hits):
                 lv.ep.traj.experience_ids = [h.entry_id for h in hs]

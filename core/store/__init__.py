@@ -32,7 +32,7 @@ from sqlalchemy.pool import StaticPool
 from core.store.library import LibraryTables, NewEntry, Page, SORTABLE, text_diff, VersionInfo
 from core.store.runs import RunTables
 from core.store.schema import (
-    _install_checks, ABTestRow, Base, check_values, EntryRow, EntryUsageRow, EntryVersionRow, HEARTBEAT_S,
+    _install_checks, ABTestRow, Base, check_values, EntryCountRow, EntryRow, EntryUsageRow, EntryVersionRow, HEARTBEAT_S,
     HEARTBEAT_STALE_S, INT32, LibraryState, LIVE_STATUSES, log_tail, MetricRow, NotFoundError, pid_alive,
     RunCommandRow, RunRow, StaleWriteError, StoreError, TrajectoryRow,
 )
@@ -124,7 +124,7 @@ class ExperienceStore(LibraryTables, RunTables):
 
 
 __all__ = [
-    "ABTestRow", "Base", "check_values", "EntryRow", "EntryUsageRow", "EntryVersionRow", "ExperienceStore",
+    "ABTestRow", "Base", "check_values", "EntryCountRow", "EntryRow", "EntryUsageRow", "EntryVersionRow", "ExperienceStore",
     "HEARTBEAT_S", "HEARTBEAT_STALE_S", "INT32", "LibraryState", "LIVE_STATUSES", "log_tail", "MetricRow",
     "NewEntry", "NotFoundError", "Page", "pid_alive", "RunCommandRow", "RunRow", "SORTABLE", "StaleWriteError",
     "StoreError", "text_diff", "TrajectoryRow", "VersionInfo"

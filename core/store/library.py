@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from core.types import Experience, Generation, Source, Status
 from core.store.schema import (
-    EntryRow, EntryUsageRow, EntryVersionRow, LibraryState, NotFoundError, StaleWriteError, StoreError,
+    EntryCountRow, EntryRow, EntryUsageRow, EntryVersionRow, LibraryState, NotFoundError, StaleWriteError, StoreError,
 )
 
 
@@ -117,6 +117,11 @@ class NewEntry:
     counters: dict[str, Any] | None = None  # only imports restore counters
 
 
+def _by_run(run_id: int | None, step: int | None) -> dict[str, int | None]:
+    """A version row's run and step: set only for a training run's writes (what a resume may take back)."""
+    return {"run_id": run_id, "step": step} if run_id is not None else {}
+
+
 def text_diff(old: str, new: str, from_label: str, to_label: str) -> str:
     """Unified diff of two texts, one line per line. (difflib on `splitlines(True)` joins a last line without a newline
     to the next one: "-old last+new last" on one line, the added line never shown as added.)"""
@@ -168,7 +173,7 @@ class LibraryTables:
                 s.add(row)
                 s.flush()
                 s.add(EntryVersionRow(entry_id=row.id, version=1, text=row.text, status=row.status, action=action,
-                                      actor=actor, note=note, library_version=lv, created_at=now))
+                                      actor=actor, note=note, library_version=lv, created_at=now, **_by_run(n.run_id, n.created_step)))
                 ids.append(row.id)
             if any(n.id is not None for n in new) and self.engine.dialect.name == "postgresql":
                 # Explicit ids bypass the sequence; move it past them so later inserts do not collide.
@@ -318,17 +323,20 @@ class LibraryTables:
                                   actor=actor, note=note, library_version=lv))
             return _to_experience(row)
 
-    def _set_status(self, s: Session, row: EntryRow, status: Status, lv: int, *, action: str, actor: str, note: str) -> None:
+    def _set_status(self, s: Session, row: EntryRow, status: Status, lv: int, *, action: str, actor: str, note: str,
+                    run_id: int | None = None, step: int | None = None) -> None:
         row.status = status.value
         row.version += 1
         row.changed_version = lv
         row.updated_at = time.time()
         s.add(EntryVersionRow(entry_id=row.id, version=row.version, text=row.text, status=row.status, action=action,
-                              actor=actor, note=note, library_version=lv))
+                              actor=actor, note=note, library_version=lv, **_by_run(run_id, step)))
 
     def set_status(self, ids: Sequence[int], status: Status | str, *, actor: str = "human", note: str = "",
-                   expected_versions: dict[int, int] | None = None) -> list[int]:
-        """Archive (soft delete) or restore entries in one transaction; returns the ids that changed."""
+                   expected_versions: dict[int, int] | None = None, run_id: int | None = None,
+                   step: int | None = None) -> list[int]:
+        """Archive (soft delete) or restore entries in one transaction; returns the ids that changed. run_id, step: the
+        training run and step doing it (a discard by its extractor or merge), which a resume may take back."""
         status = Status(status)
         action = "archive" if status is Status.ARCHIVED else "restore"
         with self._tx() as s:
@@ -344,7 +352,7 @@ class LibraryTables:
                 return []
             lv = self._bump(s)
             for r in todo:
-                self._set_status(s, r, status, lv, action=action, actor=actor, note=note)
+                self._set_status(s, r, status, lv, action=action, actor=actor, note=note, run_id=run_id, step=step)
             return [r.id for r in todo]
 
     def archive(self, ids: Sequence[int], **kw: Any) -> list[int]:
@@ -383,10 +391,11 @@ class LibraryTables:
             )
             s.add(row)
             s.flush()
+            by_run = _by_run(new.run_id, new.created_step)
             s.add(EntryVersionRow(entry_id=row.id, version=1, text=row.text, status=row.status, action=action,
-                                  actor=actor, note=note or f"replaces {old_ids}", library_version=lv, created_at=now))
+                                  actor=actor, note=note or f"replaces {old_ids}", library_version=lv, created_at=now, **by_run))
             for r in rows:
-                self._set_status(s, r, Status.ARCHIVED, lv, action=action, actor=actor, note=f"replaced by {row.id}")
+                self._set_status(s, r, Status.ARCHIVED, lv, action=action, actor=actor, note=f"replaced by {row.id}", **by_run)
             return row.id
 
     def undo_replace(self, new_id: int, *, actor: str = "human") -> list[int]:
@@ -440,15 +449,24 @@ class LibraryTables:
     # it updates. Each takes its rows in entry-id order, so two of them never wait on each other in a circle:
     # Postgres reported "deadlock detected" (and the run died) when two took the same entries in opposite orders.
 
-    def record_retrievals(self, entry_ids: Sequence[int], at: float | None = None) -> None:
+    def record_retrievals(self, entry_ids: Sequence[int], at: float | dict[int, float] | None = None, *,
+                          run_id: int | None = None, step: int | None = None) -> None:
+        """Retrieval counters (Eq. 6): each id once per retrieval; `at` the time (or entry id -> its latest time).
+        With a training run's run_id and step, the step's additions are kept as rows that a resume from an earlier
+        checkpoint takes back (EntryCountRow)."""
         if not entry_ids:
             return
-        at = time.time() if at is None else at
+        now = time.time()
         counts = Counter(int(i) for i in entry_ids)
+        when = at if isinstance(at, dict) else {}
         with self._tx() as s:
+            before = self._last_values(s, EntryRow.last_retrieved_at, counts, run_id, step)
+            after = {}
             for i, n in sorted(counts.items()):  # rows in id order (see the note above)
+                after[i] = when.get(i, now) if isinstance(at, dict) else (now if at is None else at)
                 s.execute(update(EntryRow).where(EntryRow.id == i).values(
-                    retrieved_count=EntryRow.retrieved_count + n, last_retrieved_at=at))
+                    retrieved_count=EntryRow.retrieved_count + n, last_retrieved_at=after[i]))
+            self._add_count_rows(s, "retrieved", counts, before, after, run_id, step)
 
     def record_outcomes(self, usages: Sequence[tuple[int, bool, float]], *, run_id: int | None = None,
                         episode_ids: Sequence[int | None] | None = None, step: int = 0) -> None:
@@ -466,13 +484,35 @@ class LibraryTables:
                 s.add(EntryUsageRow(entry_id=int(i), run_id=run_id, episode_id=episode_ids[n] if episode_ids else None,
                                     step=step, success=bool(ok), reward=float(reward)))
 
-    def record_trained(self, entry_ids: Sequence[int], step: int) -> None:
-        """Eq. 7 bookkeeping: how often each entry's generation was trained on, and when last."""
+    def record_trained(self, entry_ids: Sequence[int], step: int, *, run_id: int | None = None,
+                       run_step: int | None = None) -> None:
+        """Eq. 7 bookkeeping: how often each entry's generation was trained on, and when last (`step`: the extractor's
+        update index, Eq. 7's clock). With the training run's run_id and run_step, the additions are kept as rows that
+        a resume from an earlier checkpoint takes back (EntryCountRow)."""
         counts = Counter(int(i) for i in entry_ids)
+        if not counts:
+            return
         with self._tx() as s:
+            before = self._last_values(s, EntryRow.last_trained_step, counts, run_id, run_step)
             for i, n in sorted(counts.items()):  # rows in id order (see the note above)
                 s.execute(update(EntryRow).where(EntryRow.id == i).values(
                     trained_count=EntryRow.trained_count + n, last_trained_step=step))
+            self._add_count_rows(s, "trained", counts, before, dict.fromkeys(counts, step), run_id, run_step)
+
+    @staticmethod
+    def _last_values(s: Session, col: Any, counts: Counter, run_id: int | None, step: int | None) -> dict[int, Any]:
+        """Entry id -> `col` before this write, for a run's write that keeps count rows ({} otherwise)."""
+        if run_id is None or step is None:
+            return {}
+        return dict(s.execute(select(EntryRow.id, col).where(EntryRow.id.in_(sorted(counts)))).all())
+
+    @staticmethod
+    def _add_count_rows(s: Session, kind: str, counts: Counter, before: dict[int, Any], after: dict[int, Any],
+                        run_id: int | None, step: int | None) -> None:
+        if run_id is None or step is None:
+            return
+        s.add_all([EntryCountRow(entry_id=i, run_id=run_id, step=step, kind=kind, n=n, before=before[i], after=after[i])
+                   for i, n in sorted(counts.items()) if i in before])  # an id the store does not hold counts nothing
 
     def training_stats(self, entry_ids: Sequence[int]) -> dict[int, tuple[int, int | None]]:
         """entry id -> (trained_count, last_trained_step): what Eq. 7 needs, keyed by entry id."""

@@ -10,9 +10,10 @@ import numpy as np
 from sqlalchemy import delete, func, select, update
 
 from core.store.schema import (
-    ABTestRow, check_values, EntryRow, EntryUsageRow, HEARTBEAT_STALE_S, LIVE_STATUSES, log_tail, MetricRow,
-    NotFoundError, pid_alive, RunCommandRow, RunRow, StoreError, TrajectoryRow,
+    ABTestRow, check_values, EntryCountRow, EntryRow, EntryUsageRow, EntryVersionRow, HEARTBEAT_STALE_S, LIVE_STATUSES,
+    log_tail, MetricRow, NotFoundError, pid_alive, RunCommandRow, RunRow, StoreError, TrajectoryRow,
 )
+from core.types import Status
 
 
 class RunTables:
@@ -77,11 +78,13 @@ class RunTables:
             return s.execute(select(RunRow.metrics_reset_at).where(RunRow.id == run_id)).scalar_one_or_none()
 
     def drop_after_step(self, run_id: int, step: int) -> dict[str, int]:
-        """A resume from the checkpoint at `step` will redo every later step: drop what those steps logged
-        (metrics, stored episodes and the entry outcomes credited from those episodes past `step`: their
-        entry_usage rows and the successes/failures counters they added), so the store holds each step's
-        values, episodes and outcomes once. Library entries are kept: nothing the extractor wrote is lost, and
-        retrieval counts stay (those retrievals happened). Returns the counts dropped."""
+        """A resume from the checkpoint at `step` will redo every later step: take back what those steps wrote, so the
+        store holds each step's values, episodes and outcomes once and the algorithm reads every counter as it was at
+        the checkpoint. Dropped: metrics, stored episodes and the entry outcomes credited from them (entry_usage rows
+        and the successes/failures they added). Subtracted: the retrieval and training counts those steps added (Eq. 6
+        and Eq. 7 inputs, EntryCountRow), last_retrieved_at / last_trained_step put back. Undone: the run's library
+        writes past `step` (entries its extractor or merges wrote are archived, entries they archived restored), as new
+        versions, so the history keeps both and nothing is lost. Returns the counts."""
         with self._tx() as s:
             m = s.execute(delete(MetricRow).where(MetricRow.run_id == run_id, MetricRow.step > step)).rowcount
             t = s.execute(delete(TrajectoryRow).where(TrajectoryRow.run_id == run_id, TrajectoryRow.step > step)).rowcount
@@ -92,9 +95,56 @@ class RunTables:
                 col = EntryRow.successes if ok else EntryRow.failures
                 s.execute(update(EntryRow).where(EntryRow.id == entry_id).values({col: col - n}))
             u = s.execute(delete(EntryUsageRow).where(*past)).rowcount
+            counts = self._undo_counts(s, run_id, step)
+            entries = self._undo_library(s, run_id, step)
             if m:
                 s.execute(update(RunRow).where(RunRow.id == run_id).values(metrics_reset_at=time.time()))
-            return {"metrics": m, "episodes": t, "outcomes": u}
+            return {"metrics": m, "episodes": t, "outcomes": u, **counts, "entries": entries}
+
+    @staticmethod
+    def _undo_counts(s: Any, run_id: int, step: int) -> dict[str, int]:
+        """Subtract the retrieval and training counts the run added past `step`; each entry's last-value goes back to
+        what it was before the first of them, unless someone else (another run, a person) wrote a later one since."""
+        past = (EntryCountRow.run_id == run_id, EntryCountRow.step > step)
+        rows = s.execute(select(EntryCountRow.entry_id, EntryCountRow.kind, EntryCountRow.n, EntryCountRow.before,
+                                EntryCountRow.after).where(*past).order_by(EntryCountRow.id)).all()
+        undo: dict[tuple[int, str], list[Any]] = {}  # (entry, kind) -> [n, last-value before the first, after the last]
+        for entry_id, kind, n, before, after in rows:
+            u = undo.setdefault((entry_id, kind), [0, before, after])
+            u[0], u[2] = u[0] + n, after
+        cols = {"retrieved": (EntryRow.retrieved_count, EntryRow.last_retrieved_at),
+                "trained": (EntryRow.trained_count, EntryRow.last_trained_step)}
+        for (entry_id, kind), (n, before, after) in sorted(undo.items()):  # rows in id order (core/store/library.py)
+            count, last = cols[kind]
+            if kind == "trained" and before is not None:
+                before = int(before)
+            ours = last.is_(None) if after is None else last == after  # still the value the run's last write set
+            s.execute(update(EntryRow).where(EntryRow.id == entry_id).values({count: count - n}))
+            s.execute(update(EntryRow).where(EntryRow.id == entry_id, ours).values({last: before}))
+        s.execute(delete(EntryCountRow).where(*past))
+        return {"retrievals": sum(u[0] for (_, k), u in undo.items() if k == "retrieved"),
+                "trainings": sum(u[0] for (_, k), u in undo.items() if k == "trained")}
+
+    def _undo_library(self, s: Any, run_id: int, step: int) -> int:
+        """Put each entry the run changed past `step` back to the status it had before the first such change
+        (archived: it did not exist then), as a new version; returns how many changed."""
+        first = dict(s.execute(select(EntryVersionRow.entry_id, func.min(EntryVersionRow.id))
+                               .where(EntryVersionRow.run_id == run_id, EntryVersionRow.step > step)
+                               .group_by(EntryVersionRow.entry_id)).all())
+        changed, lv = 0, None
+        for entry_id, first_id in sorted(first.items()):
+            prior = s.scalars(select(EntryVersionRow.status).where(EntryVersionRow.entry_id == entry_id,
+                                                                   EntryVersionRow.id < first_id)
+                              .order_by(EntryVersionRow.id.desc()).limit(1)).first()
+            row = s.get(EntryRow, entry_id)
+            target = Status(prior) if prior is not None else Status.ARCHIVED
+            if row is None or row.status == target.value:
+                continue
+            lv = lv if lv is not None else self._bump(s)
+            self._set_status(s, row, target, lv, action="rollback", actor="resume",
+                             note=f"run {run_id} resumed from step {step}: this change of a later step is redone")
+            changed += 1
+        return changed
 
     def heartbeat(self, run_id: int) -> None:
         with self._tx() as s:

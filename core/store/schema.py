@@ -131,6 +131,27 @@ class EntryVersionRow(Base):
     note: Mapped[str] = mapped_column(Text, default="")
     library_version: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[float] = mapped_column(Float, default=time.time)
+    # The run and step whose extractor or merge wrote this version (None: a person, an import): what a resume from an
+    # earlier checkpoint takes back (RunTables.drop_after_step). Added after the first release: _add_missing_columns.
+    run_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
+    step: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class EntryCountRow(Base):
+    """What one run step added to an entry's retrieval or training counters (`kind` "retrieved" or "trained": n more,
+    and the entry's last_retrieved_at / last_trained_step before and after): a resume from an earlier checkpoint
+    subtracts the steps it redoes and puts the last-values back (RunTables.drop_after_step), so Eq. 6 and Eq. 7 read
+    the counters as of the checkpoint."""
+
+    __tablename__ = "entry_counts"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    entry_id: Mapped[int] = mapped_column(ForeignKey("entries.id", ondelete="CASCADE"), index=True)
+    run_id: Mapped[int] = mapped_column(Integer, index=True)
+    step: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(16))
+    n: Mapped[int] = mapped_column(Integer)
+    before: Mapped[float | None] = mapped_column(Float, nullable=True)  # last_retrieved_at or last_trained_step before
+    after: Mapped[float | None] = mapped_column(Float, nullable=True)  # and the value this write set
 
 
 class EntryUsageRow(Base):
@@ -242,7 +263,8 @@ class ABTestRow(Base):
 # WHERE clause ("integer out of range") where SQLite would answer "not found": so no statement may
 # bind an integer outside this range, on either back end.
 INT32 = (-(2**31), 2**31 - 1)
-_NOUN = {"entries": "entry", "entry_versions": "entry version", "entry_usage": "entry usage row", "runs": "run",
+_NOUN = {"entries": "entry", "entry_versions": "entry version", "entry_usage": "entry usage row",
+         "entry_counts": "entry counter row", "runs": "run",
          "metrics": "metric", "run_commands": "run command", "trajectories": "stored episode", "ab_tests": "A/B test",
          "library_state": "library state"}
 
