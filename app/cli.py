@@ -7,6 +7,9 @@
 Every subcommand takes --data-dir (default ./comprl_data) and --db URL (default
 sqlite:///<data-dir>/workbench.db), before or after its action: `comprl library --data-dir D stats` and
 `comprl library stats --data-dir D` mean the same. Errors a user can fix are one line on stderr and exit code 2.
+A command that only reads what is stored (`library` but import, `eval`, `models list`, `train --resume/--fork`) on a
+data directory or SQLite store that does not exist is such an error, and creates nothing; train, app, models init and
+library import create them.
 """
 from __future__ import annotations
 
@@ -47,6 +50,25 @@ def open_store(args: argparse.Namespace):
     return ExperienceStore(args.db or default_db_url(args.data_dir))
 
 
+def require_stored(args: argparse.Namespace, command: str, *, store: bool = True) -> None:
+    """A command that reads what is stored (the library, a run; the models when not `store`) on a data directory or
+    SQLite file that does not exist: one line naming it, exit 2, nothing created (opening the store would make a new
+    empty one and answer from it). A database named by a URL other than SQLite's is the server's to refuse."""
+    from sqlalchemy.engine import make_url
+
+    data = Path(args.data_dir).expanduser().resolve()
+    if not data.is_dir() and (args.db is None or not store):
+        fix = ("give the one your runs and imports use with --data-dir DIR (or COMPRL_DATA_DIR), or --db URL" if store else
+               f"`comprl models init --data-dir {data}` builds the default models there")
+        raise UserError(f"no data directory at {data}: `comprl {command}` reads what is stored there and creates nothing; {fix}")
+    if not store:
+        return
+    url = make_url(args.db or default_db_url(data))
+    if url.drivername.startswith("sqlite") and url.database not in (None, "", ":memory:") and not Path(url.database).exists():
+        raise UserError(f"no store at {url.database}: `comprl {command}` reads what is stored there and creates nothing; "
+                        "give the data directory (--data-dir) or database (--db) your runs and imports use")
+
+
 def _manager(args: argparse.Namespace, store, record_usage: bool = False):
     from core.config import LibraryConfig
     from core.embedding import Embedder
@@ -70,8 +92,10 @@ def cmd_library(args: argparse.Namespace) -> int:
     from core import library_io, merge
     from core.store import StoreError
 
-    store = open_store(args)
     sub = args.library_cmd
+    if sub != "import":  # the one library action that may start a library; the others read or change what is there
+        require_stored(args, f"library {sub}")
+    store = open_store(args)
     try:
         if sub == "stats":
             active, total = store.count(status="active"), store.count(status=None)
@@ -173,6 +197,8 @@ def _check_entry_size(text: str) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    if args.resume is not None or args.fork is not None:  # the run to go on from must be in the store
+        require_stored(args, "train --resume" if args.resume is not None else "train --fork")
     from core.store import LIVE_STATUSES
     from trainers.config import check_model_paths, load_run_config
     from trainers.cotrain import train
@@ -237,6 +263,7 @@ def _fail_row(args: argparse.Namespace, run_id: int, why: str) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    require_stored(args, "eval")
     from trainers.evaluate import run_ab_test, run_eval
 
     db = args.db or default_db_url(args.data_dir)
@@ -277,6 +304,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
+    if args.action == "list":
+        require_stored(args, "models list", store=False)
     if args.action == "import-gguf":
         from trainers.gguf_import import ImportError_, import_gguf
 

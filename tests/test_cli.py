@@ -247,3 +247,61 @@ def test_library_stats_reads_the_given_data_dir_in_either_order_and_creates_no_d
     assert main(["library", "--db", f"sqlite:///{data / 'workbench.db'}", "list"]) == 0
     assert capsys.readouterr().out.startswith("2 entries")
     assert not (cwd / "comprl_data").exists() and list(cwd.iterdir()) == []
+
+
+# -- a read-only command never answers from a store it has just made ----------------------------------------------
+
+# Every command that reads what a data directory holds: the library actions but import (the others read or change
+# entries that must be there), eval (a run or an A/B test), models list, and train going on from a run.
+READ_ONLY = ([c for c in COMMANDS if c[0] == "library" and c[1] != "import"] + [c for c in COMMANDS if c[0] == "eval"]
+             + [["models", "list"], ["train", "--resume", "1"], ["train", "--fork", "1"]])
+
+
+def test_the_read_only_list_covers_every_group_and_leaves_the_creating_commands_out():
+    assert {c[0] for c in READ_ONLY} == {"library", "eval", "models", "train"}
+    assert {c[1] for c in READ_ONLY if c[0] == "library"} >= {"stats", "list", "show", "search", "export", "history"}
+    assert ["library", "import", "1"] not in READ_ONLY and not [c for c in READ_ONLY if c[:2] == ["models", "init"]]
+
+
+@pytest.mark.parametrize("cmd", READ_ONLY, ids=lambda c: "_".join(c[:2]))
+def test_a_read_only_command_on_a_missing_data_dir_is_one_line_exit_2_and_creates_nothing(cmd, tmp_path, monkeypatch, capsys):
+    """`comprl library stats --data-dir TYPO` used to make TYPO/workbench.db and report an empty library."""
+    from app.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("COMPRL_DATA_DIR", raising=False)
+    monkeypatch.delenv("COMPRL_DB", raising=False)
+    missing = tmp_path / "typo"
+    assert main([*cmd, "--data-dir", str(missing)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and f"no data directory at {missing}" in err, err
+    assert ("models init" if cmd[0] == "models" else "--data-dir") in err
+    assert list(tmp_path.iterdir()) == []  # neither the typo nor ./comprl_data
+
+
+def test_a_data_dir_without_a_store_or_a_missing_db_file_is_refused_too(tmp_path, monkeypatch, capsys):
+    """A data directory that holds only models (or anything but workbench.db), or --db naming a SQLite file that is
+    not there: the same one line, nothing created. `models list` reads the models only; the creating commands still
+    create (library import here; train, app and models init make the folder as before)."""
+    from app.cli import main
+
+    monkeypatch.delenv("COMPRL_DB", raising=False)
+    data = tmp_path / "data"
+    (data / "models").mkdir(parents=True)
+    for argv in (["library", "stats"], ["eval", "1"], ["train", "--resume", "1"]):
+        assert main([*argv, "--data-dir", str(data)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.splitlines() == [err] and f"no store at {data / 'workbench.db'}" in err, err
+    other = tmp_path / "other.db"
+    assert main(["library", "list", "--data-dir", str(data), "--db", f"sqlite:///{other}"]) == 2
+    assert f"no store at {other}" in capsys.readouterr().err
+    assert main(["library", "list", "--data-dir", str(tmp_path / "typo"), "--db", f"sqlite:///{other}"]) == 2
+    assert f"no store at {other}" in capsys.readouterr().err  # with --db the folder does not matter, the file does
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"] and [p.name for p in data.iterdir()] == ["models"]
+    assert main(["models", "list", "--data-dir", str(data)]) == 0 and "No models under" in capsys.readouterr().out
+    src = tmp_path / "lib.jsonl"
+    src.write_text(json.dumps({"text": "## Title: A\n## Description: d\n## Content: c", "env": "minihack"}) + "\n")
+    fresh = tmp_path / "fresh"
+    assert main(["library", "import", str(src), "--data-dir", str(fresh)]) == 0 and (fresh / "workbench.db").exists()
+    assert main(["library", "stats", "--json", "--data-dir", str(fresh)]) == 0
+    assert json.loads(capsys.readouterr().out.split("\n", 1)[1])["active"] == 1
