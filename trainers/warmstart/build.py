@@ -365,14 +365,20 @@ def ensure_models(data_dir: str | os.PathLike, cfg: WarmStartConfig | None = Non
                       "built_at": time.strftime("%Y-%m-%d %H:%M:%S")}
             (tmp / name / MARKER).write_text(json.dumps(marker, indent=2))
         for name, dest in paths.items():
-            old = root / f".old-{name}-{os.getpid()}"
-            if dest.exists():
-                dest.rename(old)
-            (tmp / name).rename(dest)
-            shutil.rmtree(old, ignore_errors=True)
+            swap_into_place(tmp / name, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return paths
+
+
+def swap_into_place(built: Path, dest: Path) -> None:
+    """Move a complete build folder to `dest`, replacing what was there (the old one is renamed aside first, then
+    removed): a reader sees the old folder or the new one, never half of either."""
+    old = dest.parent / f".old-{dest.name}-{os.getpid()}"
+    if dest.exists():
+        dest.rename(old)
+    built.rename(dest)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _custom_build(folder: Path) -> str | None:

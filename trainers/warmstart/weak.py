@@ -30,7 +30,9 @@ from typing import Any
 import torch
 
 from core.build_progress import BuildProgress, one_build_at_a_time
-from trainers.warmstart.build import _extractor_summary, _free_cores, ensure_models, read_marker, train_extractor
+from trainers.warmstart.build import (
+    _extractor_summary, _free_cores, ensure_models, read_marker, swap_into_place, train_extractor,
+)
 from trainers.warmstart.common import Demo, FORMAT_VERSION, MARKER, WarmStartConfig
 from trainers.warmstart.teachers import _claimed, collect_demos
 
@@ -85,11 +87,7 @@ def _ensure_weak(data_dir: str | os.PathLike, cfg: WarmStartConfig, *, grounded:
                   "format": FORMAT_VERSION, "grounded_share": grounded, "config": dataclasses.asdict(cfg),
                   "custom": cfg != WarmStartConfig(), "results": results, "built_at": time.strftime("%Y-%m-%d %H:%M:%S")}
         (tmp / WEAK_NAME / MARKER).write_text(json.dumps(marker, indent=2))
-        old = root / f".old-{WEAK_NAME}-{os.getpid()}"
-        if dest.exists():
-            dest.rename(old)
-        (tmp / WEAK_NAME).rename(dest)
-        shutil.rmtree(old, ignore_errors=True)
+        swap_into_place(tmp / WEAK_NAME, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return dest
