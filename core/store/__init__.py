@@ -20,12 +20,18 @@ transactions and is the one class callers use.
 """
 from __future__ import annotations
 
+import functools
+import os
+import sys
+import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 from sqlalchemy import create_engine, event, inspect, select, update
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
@@ -38,11 +44,62 @@ from core.store.schema import (
 )
 
 
+# -- the database going away: wait and retry ------------------------------------------------------------
+#
+# Every public store method is one transaction (or reads only), so a call that fails because the server went away
+# (Postgres stopped or restarted, a connection terminated mid-transaction: the transaction was rolled back there) or
+# because SQLite could not write (a full disk, a lock held past busy_timeout) is run again whole, after a pause, until
+# DB_RETRY_S have passed; then the error is raised and the run stops (failed, resumable from its checkpoint). Each wait
+# is one line on stderr. A nested call (a method calling another) retries only at the outermost level.
+
+DB_RETRY_S = float(os.environ.get("COMPRL_DB_RETRY_S", "300"))
+_DEPTH = threading.local()
+
+
+def _transient(e: BaseException) -> bool:
+    if isinstance(e, DBAPIError) and e.connection_invalidated:
+        return True
+    if isinstance(e, OperationalError):
+        return True
+    return False
+
+
+def _retrying(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def call(self: "ExperienceStore", *args: Any, **kw: Any) -> Any:
+        depth = getattr(_DEPTH, "n", 0)
+        _DEPTH.n = depth + 1
+        try:
+            if depth:
+                return fn(self, *args, **kw)
+            t0, pause, tries = time.monotonic(), 0.25, 0
+            while True:
+                try:
+                    return fn(self, *args, **kw)
+                except Exception as e:  # noqa: BLE001 - only transient database errors are retried
+                    waited = time.monotonic() - t0
+                    if not _transient(e) or waited + pause > self.retry_s:
+                        raise
+                    tries += 1
+                    first = str(getattr(e, "orig", e) or e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+                    print(f"store: database unavailable in {fn.__name__} ({first}); retrying in {pause:.1f} s "
+                          f"(try {tries}, waited {waited:.0f} of {self.retry_s:.0f} s)", file=sys.stderr, flush=True)
+                    self.retries += 1
+                    time.sleep(pause)
+                    pause = min(5.0, pause * 2)
+        finally:
+            _DEPTH.n = depth
+
+    return call
+
+
 class ExperienceStore(LibraryTables, RunTables):
     """All reads and writes of the workbench's data. Thread-safe; many processes may share one URL."""
 
-    def __init__(self, url: str, *, echo: bool = False):
+    def __init__(self, url: str, *, echo: bool = False, retry_s: float | None = None):
         self.url = url
+        self.retry_s = DB_RETRY_S if retry_s is None else retry_s  # how long a call waits for the database to return
+        self.retries = 0  # calls run again after a transient database error (each also a line on stderr)
         self.engine: Engine = self._make_engine(url, echo)
         _install_checks(self.engine)
         Base.metadata.create_all(self.engine)
@@ -121,6 +178,12 @@ class ExperienceStore(LibraryTables, RunTables):
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+for _cls in (LibraryTables, RunTables):
+    for _name, _fn in list(vars(_cls).items()):
+        if not _name.startswith("_") and callable(_fn) and not isinstance(_fn, (staticmethod, classmethod, type)):
+            setattr(ExperienceStore, _name, _retrying(_fn))
 
 
 __all__ = [
