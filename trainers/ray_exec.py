@@ -32,7 +32,7 @@ from core.embedding import Embedder
 from core.manager import ExperienceManager, OpContext
 from core.store import ExperienceStore
 from core.types import Operation, OpResult, Status
-from envs.pool import EnvSpec, SlotPoolAPI, SlotResult, _failure, close_envs, serve_command
+from envs.pool import EnvSpec, SlotPoolAPI, SlotResult, _failure, _Replayable, close_envs, serve_command
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage reporting (set before Ray is imported)
 
@@ -154,9 +154,18 @@ class EnvActor:
         self.specs = specs
         self.envs: dict[int, Any] = {}
         self.incarnation = uuid.uuid4().hex  # a new value each time Ray (re)starts the actor
+        self._done: list[SlotResult] = []  # the answers of the call in flight so far (progress() reads them)
 
     def run(self, commands: list[tuple[str, int, Any]]) -> tuple[str, list[SlotResult]]:
-        return self.incarnation, [serve_command(self.envs, self.specs, cmd, slot, arg) for cmd, slot, arg in commands]
+        self._done = done = []
+        for cmd, slot, arg in commands:
+            done.append(serve_command(self.envs, self.specs, cmd, slot, arg))
+        return self.incarnation, done
+
+    def progress(self) -> tuple[str, list[SlotResult]]:
+        """The answers the call in flight has so far (the actor serves this from a second thread while `run` is stuck
+        in a hung env): the command after them is the one that hung."""
+        return self.incarnation, list(self._done)
 
     def info(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(), "incarnation": self.incarnation,
@@ -182,13 +191,16 @@ class RayEnvPool(SlotPoolAPI):
         self.reset_timeout_s = float(reset_timeout_s if reset_timeout_s is not None else max(60.0, step_timeout_s))
         # SPREAD: the actors go to different nodes where there are several; max_task_retries=0: a step is never
         # replayed on a fresh env (its episode is lost with the actor; the driver records the failure)
+        # max_concurrency 2: progress() answers while run() is stuck in a hung env (it only reads the answers so far)
         cls = ray.remote(EnvActor).options(max_restarts=-1, max_task_retries=0, num_cpus=actor_cpus,
-                                           scheduling_strategy="SPREAD")
+                                           scheduling_strategy="SPREAD", max_concurrency=2)
         self.actors = [cls.remote({s: self.specs[s] for s in range(len(self.specs)) if s % self.num_workers == w})
                        for w in range(self.num_workers)]
         self._incarnation: list[str | None] = [None] * self.num_workers
         self._restarts = 0
         self._live: dict[int, str] = {}  # slot -> the incarnation of its actor that holds its running episode
+        self._episodes: dict[int, _Replayable] = {}  # live slot -> how to replay its episode in a restarted actor
+        self.replays = 0  # episodes rebuilt in a restarted actor after a neighbour's env hung
         try:
             infos = ray.get([a.info.remote() for a in self.actors], timeout=ACTOR_START_TIMEOUT_S)
         except GetTimeoutError:
@@ -239,7 +251,13 @@ class RayEnvPool(SlotPoolAPI):
         deadline = time.monotonic() + timeout_s
         todo = by_actor
         while todo:
-            retry = self._gather(todo, commands, results, timeout_s)
+            retry, again = self._gather(todo, commands, results, timeout_s)
+            if again:  # a neighbour hung; its actor was restarted and these slots' episodes replayed: a fresh clock
+                deadline = time.monotonic() + timeout_s
+                for w, idx in again.items():
+                    retry.setdefault(w, []).extend(idx)
+                todo = retry
+                continue
             if retry and time.monotonic() > deadline:
                 # e.g. its node was lost and no other node has the CPUs it reserves: the run stops here with this
                 # message (its last checkpoint is kept; `comprl train --resume ID` once the cluster has room)
@@ -252,13 +270,15 @@ class RayEnvPool(SlotPoolAPI):
         return [results[i] for i in range(len(commands))]
 
     def _gather(self, by_actor: dict[int, list[int]], commands: list[tuple[str, int, Any]], results: dict[int, SlotResult],
-                timeout_s: float) -> dict[int, list[int]]:
-        """One call per actor, answers gathered as they come; returns the resets to send again."""
+                timeout_s: float) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+        """One call per actor, answers gathered as they come; returns (the resets to send again after an actor died,
+        the commands to send again after a hung neighbour's actor was restarted and their episodes replayed)."""
         t0 = time.monotonic()
         refs = {self.actors[w].run.remote([commands[i] for i in idx]): w for w, idx in by_actor.items()}
         # an actor steps its slots one after the other: its budget is the per-command timeout times their number
         deadline = {w: t0 + timeout_s * len(idx) for w, idx in by_actor.items()}
         retry: dict[int, list[int]] = {}
+        again: dict[int, list[int]] = {}
         while refs:
             wait_s = max(0.0, min(deadline[w] for w in refs.values()) - time.monotonic())
             ready, _ = ray.wait(list(refs), num_returns=1, timeout=wait_s)
@@ -279,21 +299,111 @@ class RayEnvPool(SlotPoolAPI):
                     continue
                 self._seen(w, incarnation)
                 for i, out in zip(idx, outs):
-                    cmd, slot, _ = commands[i]
-                    if cmd != "reset" and self._live.get(slot) != incarnation and out.error:
-                        out = _failure(slot, "its env actor was restarted since this episode's reset: the episode is lost")
-                    results[i] = out
-                    if cmd == "reset" and not out.error:
-                        self._live[slot] = incarnation
-                    if out.error or out.done:
-                        self._live.pop(slot, None)
+                    self._take(commands[i], out, incarnation, results, i)
             now = time.monotonic()
             for ref, w in [(r, w) for r, w in refs.items() if deadline[w] <= now]:
                 del refs[ref]
-                ray.kill(self.actors[w], no_restart=False)  # Ray restarts it with fresh envs
-                self._fail(w, by_actor[w], commands, results,
-                           f"no answer within {timeout_s:g} s per command (env hung); the env actor was restarted")
-        return retry
+                again_w = self._hung(w, by_actor[w], commands, results, timeout_s)
+                if again_w:
+                    again[w] = again_w
+        return retry, again
+
+    def _take(self, command: tuple[str, int, Any], out: SlotResult, incarnation: str, results: dict[int, SlotResult],
+              i: int) -> None:
+        """Keep one answer: the result, whether the slot's episode runs on, and what replaying it would need."""
+        cmd, slot, arg = command
+        if cmd != "reset" and self._live.get(slot) != incarnation and out.error:
+            out = _failure(slot, "its env actor was restarted since this episode's reset: the episode is lost")
+        results[i] = out
+        if cmd == "reset" and not out.error:
+            self._live[slot] = incarnation
+            self._episodes[slot] = _Replayable(arg[0], arg[1], out.obs)
+        elif cmd == "step" and slot in self._episodes and not out.error:
+            self._episodes[slot].steps.append((arg, out.obs))
+        if out.error or out.done:
+            self._live.pop(slot, None)
+            self._episodes.pop(slot, None)
+
+    def _hung(self, w: int, idx: list[int], commands: list[tuple[str, int, Any]], results: dict[int, SlotResult],
+              timeout_s: float) -> list[int]:
+        """Actor w did not answer in time. Its answers so far stand (progress()); the command after them hung: that
+        episode fails. The actor is restarted and every other episode it held replayed there (reset with the same
+        seed and options, then the same actions, each observation checked); returns the commands to send again (those
+        of replayed slots, and resets). As the process pool does (envs/pool.py)."""
+        done: list[SlotResult] = []
+        incarnation = self._incarnation[w]
+        try:
+            incarnation, done = ray.get(self.actors[w].progress.remote(), timeout=10)
+        except (RayError, GetTimeoutError):
+            done = []  # it cannot say: every unanswered command of it is treated as the culprit's neighbour
+        for i, out in zip(idx, done):
+            self._take(commands[i], out, incarnation, results, i)
+        rest = idx[len(done):]
+        ray.kill(self.actors[w], no_restart=False)  # Ray restarts it with fresh envs
+        self._restarts += 1
+        self._incarnation[w] = "dead"  # counted here; the new incarnation's first answer is not a second restart
+        # ray.kill is asynchronous, and the old process still serves calls from its second thread: wait for the new one
+        t_end = time.monotonic() + ACTOR_START_TIMEOUT_S
+        while time.monotonic() < t_end:
+            try:
+                if ray.get(self.actors[w].info.remote(), timeout=max(1.0, t_end - time.monotonic()))["incarnation"] != incarnation:
+                    break
+            except (RayError, GetTimeoutError):
+                pass
+            time.sleep(0.1)
+        reason = f"no answer within {timeout_s:g} s per command (env hung); the env actor was restarted"
+        if not rest:
+            held_out = None
+        else:
+            held_out = commands[rest[0]][1]
+            results[rest[0]] = _failure(held_out, reason)
+        self._live.pop(held_out, None)
+        self._episodes.pop(held_out, None)
+        held = sorted(s for s in self._live if s % self.num_workers == w)
+        lost: dict[int, str] = {}
+        for slot in held:
+            why = self._replay(w, slot, self._episodes.pop(slot), timeout_s)
+            if why is not None:
+                lost[slot] = why
+                self._live.pop(slot, None)
+        send = []
+        for i in rest[1:]:
+            cmd, slot, _ = commands[i]
+            if cmd == "reset" or slot in self._live:
+                send.append(i)
+            else:
+                results[i] = _failure(slot, f"env actor restarted because slot {held_out} hung: {reason}; this episode "
+                                            f"was lost: {lost.get(slot, 'it held no running episode')}")
+        return send
+
+    def _replay(self, w: int, slot: int, ep: _Replayable, timeout_s: float) -> str | None:
+        """Rebuild one episode in the restarted actor w. None when it came back the same, else why not."""
+        batch = [("reset", slot, (ep.seed, ep.options))] + [("step", slot, a) for a, _ in ep.steps]
+        deadline = time.monotonic() + max(self.reset_timeout_s, ACTOR_START_TIMEOUT_S) + timeout_s * len(ep.steps)
+        while True:
+            try:
+                incarnation, outs = ray.get(self.actors[w].run.remote(batch),
+                                            timeout=max(1.0, deadline - time.monotonic()))
+                break
+            except RayActorError:  # still restarting
+                if time.monotonic() > deadline:
+                    return "its env actor did not come back in time to replay it"
+                time.sleep(0.5)
+            except (GetTimeoutError, RayError) as e:  # the replay hung too: restart the actor again
+                ray.kill(self.actors[w], no_restart=False)
+                self._restarts += 1
+                self._incarnation[w] = "dead"
+                return f"its replay did not answer in time ({type(e).__name__})"
+        self._incarnation[w] = incarnation
+        want = [ep.reset_obs] + [o for _, o in ep.steps]
+        if any(o.error for o in outs):
+            return f"its replay failed: {next(o.error for o in outs if o.error).splitlines()[0]}"
+        if [o.obs for o in outs] != want or any(o.done for o in outs):
+            return "its replay came out different (the env is not deterministic given its seed and actions)"
+        self._live[slot] = incarnation
+        self._episodes[slot] = ep
+        self.replays += 1
+        return None
 
     def _seen(self, w: int, incarnation: str) -> None:
         if self._incarnation[w] not in (None, "dead") and self._incarnation[w] != incarnation:
@@ -310,6 +420,7 @@ class RayEnvPool(SlotPoolAPI):
     def _drop_live(self, w: int) -> None:
         for slot in [s for s in self._live if s % self.num_workers == w]:
             del self._live[slot]
+            self._episodes.pop(slot, None)
 
     def _fail(self, w: int, unanswered: list[int], commands: list[tuple[str, int, Any]], results: dict[int, SlotResult],
               reason: str) -> None:
