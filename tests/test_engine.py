@@ -508,7 +508,7 @@ def counters_of(db: str) -> dict:
 
 
 @pytest.mark.slow
-def test_a_run_killed_past_its_checkpoint_and_resumed_reads_the_counters_of_a_run_never_killed(tmp_path, models):
+def test_resume_counters_a_run_killed_past_its_checkpoint_and_resumed_reads_the_counters_of_a_run_never_killed(tmp_path, models):
     """Issue 40 item 5. Four deterministic steps straight, against four steps whose first attempt checkpoints at step 2
     and is SIGKILLed once step 3 is logged, then resumed: the replayed step 3 must not count twice. Every counter Eq. 6
     and Eq. 7 read (entry retrieval and training counts, last update, outcomes), the entries and which ones each
