@@ -225,10 +225,9 @@ def test_constrain_actions_is_a_validated_config_field():
         RolloutSection(constrain_actions="yes")
 
 
-# ---------------------------------------------------------------- vLLM (only where it is installed)
+# ---------------------------------------------------------------- vLLM (make setup installs it; tests/test_vllm.py runs the engine)
 
 def test_vllm_structured_outputs_arguments():
-    pytest.importorskip("vllm", reason="vLLM is not installed here (GPU extra)")
     from vllm import SamplingParams
 
     from trainers.models import vllm_structured_kwargs

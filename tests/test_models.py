@@ -109,11 +109,13 @@ def test_bad_model_path_is_one_sentence(tmp_path):
         load_backend("tpu", tmp_path)
 
 
-@pytest.mark.skipif(vllm_available(), reason="vLLM is installed here")
-def test_vllm_missing_names_the_extra(model_dir):
+def test_vllm_missing_names_the_install(model_dir, monkeypatch):
+    import trainers.backends.vllm as V
+
+    monkeypatch.setattr(V, "vllm_available", lambda: False)  # as on a machine without it
     with pytest.raises(BackendError) as e:
         load_backend("vllm", model_dir, quiet=True)
-    assert 'pip install -e ".[gpu]"' in str(e.value) and "\n" not in str(e.value)
+    assert "make setup" in str(e.value) and 'pip install -e ".[gpu]"' in str(e.value) and "\n" not in str(e.value)
 
 
 # ---------------------------------------------------------------- sampling
@@ -539,23 +541,3 @@ def test_hf_on_cuda_uses_bf16_and_matches_cpu_greedy(model_dir, hf):
     for i, o in enumerate(outs):
         s = len(o.prompt_ids)
         assert torch.allclose(lp[i, s : s + len(o.token_ids)], torch.tensor(o.logprobs), atol=0.1)  # bf16
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not (vllm_available() and torch.cuda.is_available()), reason="needs vLLM and a CUDA GPU")
-def test_vllm_generates_and_syncs_weights(model_dir, hf):
-    v = load_backend("vllm", model_dir, quiet=True, gpu_memory_utilization=0.2, enforce_eager=True)
-    prompts = prompts_of(hf, 3)
-    outs = v.generate(prompts, max_new_tokens=8, temperature=1.0, seed=0)
-    assert all(len(o.token_ids) == len(o.logprobs) > 0 for o in outs)
-    lp = v.logprobs([o.prompt_ids + o.token_ids for o in outs])
-    for i, o in enumerate(outs):
-        s = len(o.prompt_ids)
-        assert torch.allclose(lp[i, s : s + len(o.token_ids)], torch.tensor(o.logprobs), atol=0.1)
-    learner = load_backend("hf", model_dir, quiet=True)
-    with torch.no_grad():
-        for p in learner.trainable_parameters():
-            p.mul_(0.5)
-    seqs = [o.prompt_ids + o.token_ids for o in outs]
-    v.sync_weights(learner.state_dict_for_sync())
-    assert torch.allclose(v.logprobs(seqs), learner.logprobs(seqs), atol=0.1)

@@ -267,3 +267,14 @@ class VLLMBackend:
         self.syncs += 1
 
     sync_weights = load_weights
+
+    def close(self) -> None:
+        """Stop the engine (its processes and their memory) now rather than at exit."""
+        llm = self.__dict__.pop("llm", None)
+        if llm is None:
+            return
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        shutdown = getattr(llm, "shutdown", None) or getattr(core, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+        del llm
