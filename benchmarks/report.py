@@ -1,34 +1,46 @@
-"""The results page: benchmarks/results/*.json -> docs/results.md and figures in docs/img/results/.
+"""The results page: docs/results_template.md filled in from benchmarks/results/ -> docs/results.md, and the figures it
+names in docs/img/results/.
 
-    python benchmarks/report.py                                   # after benchmarks/study.py and the bench_* scripts
-    python benchmarks/report.py --results-dir R --out D           # D/results.md, D/img/results/*.png
+    python benchmarks/report.py                                   # after a study, a probe or a bench_* script
+    python benchmarks/report.py --results-dir R --out D           # D/results.md (and D/img/results/*.png)
 
-Study files (study*.json, written by benchmarks/study.py): their table, one figure per variant of the
-training curves with and without experience (policy/success_*; mean over seeds, a light line per
-seed) and of the held-out eval curves (eval/success_*), and the command and commit that made them.
-Studies are listed newest first. Held-out comparisons (heldout*.json, experiments/heldout.py) and entry
-probes (entry_probe*.json, benchmarks/entry_probe.py) follow.
-Benchmark files (bench_*.json): their .md table with the command and commit. The section
-"Comparison with the paper" is read from <out>/results_discussion.md, written by a person, so a
-regeneration keeps it. Deterministic: the same results give the same markdown.
+The page is <out>/results_template.md with its directives replaced; each directive stands alone on a line:
+
+    {{source NAME}}                         where NAME.md / NAME.json come from: the link, the commit it ran at and the
+                                            command that made it (`script=PATH` names the script of a file that
+                                            recorded only its parsed args)
+    {{table NAME [N] [; cols: H | H => LABEL ...] [; rows: PREFIX | ...]}}
+                                            the N-th table (1 = the first) of NAME.md as written by the script that
+                                            made it: only the columns named (in that order, => renames one) and the
+                                            rows whose first cell starts with a prefix given
+    {{curves NAME: KEY | KEY ...}}          a study's runs, one row each: first -> last value of each curve key
+    {{series NAME [from=S]}}                a run's series file (NAME.json with "series" and "ab_tests", e.g. the
+                                            demo's): training success with and without experience (mean of the steps
+                                            from S on), the last evaluation, the library, and each A/B test
+    {{figure NAME LABEL}}                   a study's figure for one variant label (or `probe`: the extractor probe by
+                                            variant), drawn into <out>/img/results/
+
+Everything else is prose written by hand: it states the claim and quotes figures from the files its section names,
+which tests/test_results_page.py checks. A results folder without a template (your own runs) gets a catalogue
+instead: every study, probe and benchmark file in it, newest first, with its table, command and commit. Both are
+deterministic: the same files give the same markdown and the same PNGs.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import shlex
+import statistics
 import sys
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
-import numpy as np  # noqa: E402
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-DISCUSSION = "results_discussion.md"
+TEMPLATE = "results_template.md"
+DISCUSSION = "results_discussion.md"  # the catalogue's hand-written closing section, where <out> has one
 TRAIN_KEYS = (("policy/success_with_exp", "with experience", "tab:blue"),
               ("policy/success_without_exp", "without experience", "tab:orange"))
 EVAL_KEYS = (("eval/success_with_exp", "with experience, greedy", "tab:blue"),
@@ -42,6 +54,10 @@ EVAL_KEYS = (("eval/success_with_exp", "with experience, greedy", "tab:blue"),
 TRUTH_KEYS = (("library/entry_correct_share", "library entries right", "tab:green"),
               ("extractor/new_entry_correct_share", "new entries right (per step)", "tab:olive"),
               ("retrieval/same_task_rate", "retrievals of the task's own entry", "tab:gray"))
+VARIANT_COLORS = {"grpo": "tab:gray", "static": "tab:orange", "exp_only": "tab:purple", "complementary": "tab:blue"}
+
+
+# -- commands and commits ---------------------------------------------------------------------------------------------
 
 
 def study_command(d: dict) -> str:
@@ -71,7 +87,57 @@ def bench_command(name: str, d: dict) -> str:
     return f"python benchmarks/{name}.py" + (" --quick" if d.get("quick") else "")
 
 
+def args_command(script: str, args: dict) -> str:
+    """`python SCRIPT --key value ...` from an argparse namespace saved as a dict (lists repeat the flag, True is a bare
+    flag; False, None and '' are left out, as the defaults they were)."""
+    parts = ["python", script]
+    for k, v in args.items():
+        flag = "--" + k.replace("_", "-")
+        if v is True:
+            parts.append(flag)
+        elif v is not False and v is not None and v != "":
+            parts += [x for item in (v if isinstance(v, list) else [v]) for x in (flag, str(item))]
+    return shlex.join(parts)
+
+
+def command_of(name: str, d: dict, script: str | None = None) -> str:
+    """How a results file was made, as the page prints it: the command it recorded, or one rebuilt (and said so)."""
+    if d.get("argv"):
+        argv = list(d["argv"])
+        return f"`{shlex.join(argv if argv[0].startswith('python') else ['python', *argv])}`"
+    if isinstance(d.get("command"), str):
+        return f"`{d['command']}`"
+    if name.startswith("study"):
+        return f"`{study_command(d)}` (rebuilt from the recorded arguments)"
+    if script and isinstance(d.get("args"), dict):
+        return f"`{args_command(script, d['args'])}` (rebuilt from the recorded arguments)"
+    if isinstance(d.get("what"), str):
+        return f"what its `what` field says: {d['what']}"
+    if script:
+        return f"`python {script}` (the file records no arguments)"
+    return f"`{bench_command(name, d)}` (the benchmark's default run: the file records no command)"
+
+
+def commit_of(d: dict) -> str:
+    return (d.get("environment") or {}).get("commit") or d.get("commit") or ""
+
+
+# -- figures ----------------------------------------------------------------------------------------------------------
+
+
+def _pyplot():
+    """matplotlib only where a figure is drawn: filling in the page's text needs none."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    return plt, MaxNLocator
+
+
 def _plot_panel(ax, runs: list[dict], keys, title: str, ylabel: str = "success") -> bool:
+    _, MaxNLocator = _pyplot()
     drawn = False
     for key, label, color in keys:
         series = [np.asarray(r.get("curves", {}).get(key, []), dtype=float) for r in runs]
@@ -98,11 +164,15 @@ def _plot_panel(ax, runs: list[dict], keys, title: str, ylabel: str = "success")
     return drawn
 
 
-def study_figures(stem: str, d: dict, img_dir: Path) -> list[tuple[str, Path]]:
+def _labels(d: dict) -> list[str]:
+    return list(dict.fromkeys(r.get("label", r.get("variant", "?")) for r in d.get("runs", [])))
+
+
+def study_figures(stem: str, d: dict, img_dir: Path, labels: list[str] | None = None) -> list[tuple[str, Path]]:
     """One PNG per variant label: training success (left) and held-out eval success (right)."""
+    plt, _ = _pyplot()
     out = []
-    labels = list(dict.fromkeys(r.get("label", r.get("variant", "?")) for r in d.get("runs", [])))
-    for lab in labels:
+    for lab in labels if labels is not None else _labels(d):
         runs = [r for r in d["runs"] if r.get("label", r.get("variant")) == lab]
         truth = any(k in r.get("curves", {}) for r in runs for k, _, _ in TRUTH_KEYS)
         fig, axes = plt.subplots(1, 3 if truth else 2, figsize=(15 if truth else 10, 3.6))
@@ -119,22 +189,18 @@ def study_figures(stem: str, d: dict, img_dir: Path) -> list[tuple[str, Path]]:
     return out
 
 
-VARIANT_COLORS = {"grpo": "tab:gray", "static": "tab:orange", "exp_only": "tab:purple", "complementary": "tab:blue"}
-
-
 def study_probe_figure(stem: str, d: dict, img_dir: Path) -> Path | None:
     """The extractor across variants (where the runs measured the probe, trainers/probe.py): the probe's entries right
     (left) and the library's entries right (right), one line per variant, the mean of its seeds."""
     runs = [r for r in d.get("runs", []) if "extractor/probe_correct" in r.get("curves", {})]
     if not runs:
         return None
+    plt, _ = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     for ax, key, title in ((axes[0], "extractor/probe_correct", "extractor probe: entries right (held-out, greedy)"),
                            (axes[1], "library/entry_correct_share", "library: entries right")):
-        keys = []
         for lab in dict.fromkeys(r.get("label", r.get("variant")) for r in runs):
-            keys.append((lab, [r for r in runs if r.get("label", r.get("variant")) == lab]))
-        for lab, rs in keys:
+            rs = [r for r in runs if r.get("label", r.get("variant")) == lab]
             _plot_panel(ax, rs, ((key, lab, VARIANT_COLORS.get(lab, "tab:green")),), title, ylabel="share")
     fig.suptitle(f"{stem}: the extractor's skill by variant", fontsize=11)
     fig.tight_layout()
@@ -142,6 +208,9 @@ def study_probe_figure(stem: str, d: dict, img_dir: Path) -> Path | None:
     fig.savefig(path, dpi=90, metadata={"Software": None})
     plt.close(fig)
     return path
+
+
+# -- markdown tables --------------------------------------------------------------------------------------------------
 
 
 def _strip_title(md: str) -> str:
@@ -154,6 +223,182 @@ def _strip_title(md: str) -> str:
         if lines and lines[0].startswith("commit "):
             lines = lines[1:]
     return "\n".join(lines).strip()
+
+
+def md_tables(text: str) -> list[list[list[str]]]:
+    """Every table of a markdown text, each a list of rows of cells (the header first, then the alignment row)."""
+    tables, cur = [], []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            cur.append([c.strip() for c in re.split(r"(?<!\\)\|", line.strip().removeprefix("|").removesuffix("|"))])
+        elif cur:
+            tables.append(cur)
+            cur = []
+    return tables
+
+
+def pick_table(table: list[list[str]], cols: list[str] | None, rows: list[str] | None, where: str) -> str:
+    header, align, body = table[0], table[1], table[2:]
+    idx, names = list(range(len(header))), list(header)
+    if cols:
+        idx, names = [], []
+        for spec in cols:
+            col, _, label = (s.strip() for s in spec.partition("=>"))
+            if col not in header:
+                raise ValueError(f"{where}: no column {col!r} (columns: {header})")
+            idx.append(header.index(col))
+            names.append(label or col)
+    if rows:
+        body = [r for r in body if any(r[0].replace("**", "").startswith(p) for p in rows)]
+        if not body:
+            raise ValueError(f"{where}: no row starts with any of {rows}")
+    line = lambda cells: "| " + " | ".join(cells) + " |"  # noqa: E731
+    return "\n".join([line(names), line([align[i] if i < len(align) else "---" for i in idx])]
+                     + [line([r[i] if i < len(r) else "" for i in idx]) for r in body])
+
+
+# -- the page from its template ---------------------------------------------------------------------------------------
+
+DIRECTIVE = re.compile(r"^\{\{\s*(source|table|curves|series|figure)\s+(.*?)\s*\}\}$")
+
+
+class Page:
+    def __init__(self, results_dir: Path, out: Path, draw: bool):
+        self.results, self.out, self.draw = results_dir, out, draw
+        self.rel = Path(os.path.relpath(results_dir, out)).as_posix()
+        self.img_dir = out / "img" / "results"
+
+    def _json(self, name: str) -> dict:
+        path = self.results / f"{name}.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"the template names {name}, but {path} does not exist")
+        return json.loads(path.read_text())
+
+    def _md(self, name: str) -> str:
+        path = self.results / f"{name}.md"
+        if not path.is_file():
+            raise FileNotFoundError(f"the template names {name}.md, but {path} does not exist")
+        return path.read_text()
+
+    def source(self, arg: str) -> str:
+        name, *opts = arg.split()
+        script = next((o.split("=", 1)[1] for o in opts if o.startswith("script=")), None)
+        d = self._json(name)
+        link = f"[`{name}.md`]({self.rel}/{name}.md)" if (self.results / f"{name}.md").is_file() \
+            else f"[`{name}.json`]({self.rel}/{name}.json)"
+        commit, when = commit_of(d), (d.get("environment") or {}).get("time")
+        runs = sorted({r.get("commit") for r in d.get("runs", []) if r.get("commit")} - {commit})
+        made = f"commit `{commit}`" if commit else "commit not recorded in the file"
+        if runs:
+            made += " (its runs at " + ", ".join(f"`{c}`" for c in runs) + ")"
+        if when:
+            made += f", finished {when}"
+        return f"*Source:* {link}, {made}; made by {command_of(name, d, script)}."
+
+    def table(self, arg: str) -> str:
+        head, *parts = [p.strip() for p in arg.split(";")]
+        name, *n = head.split()
+        cols = rows = None
+        for p in parts:
+            key, _, val = p.partition(":")
+            vals = [v.strip() for v in val.split("|") if v.strip()]
+            if key.strip() == "cols":
+                cols = vals
+            elif key.strip() == "rows":
+                rows = vals
+            else:
+                raise ValueError(f"table {name}: unknown option {p!r}")
+        tables = md_tables(self._md(name))
+        i = int(n[0]) if n else 1
+        if not 1 <= i <= len(tables):
+            raise ValueError(f"{name}.md has {len(tables)} tables, not {i}")
+        return pick_table(tables[i - 1], cols, rows, f"{name}.md table {i}")
+
+    def curves(self, arg: str) -> str:
+        name, _, keys = arg.partition(":")
+        keys = [k.strip() for k in keys.split("|") if k.strip()]
+        d = self._json(name.strip())
+        lines = ["| run | " + " | ".join(f"{k} (first → last)" for k in keys) + " |",
+                 "|---|" + "---|" * len(keys)]
+        for r in d.get("runs", []):
+            cells = []
+            for k in keys:
+                s = r.get("curves", {}).get(k)
+                cells.append(f"{s[0][1]:.2f} → {s[-1][1]:.2f}" if s else "–")
+            if any(c != "–" for c in cells):
+                lines.append(f"| {r.get('label', r.get('variant'))} seed {r.get('seed')} | " + " | ".join(cells) + " |")
+        return "\n".join(lines)
+
+    def series(self, arg: str) -> str:
+        name, *opts = arg.split()
+        start = int(next((o.split("=", 1)[1] for o in opts if o.startswith("from=")), 1))
+        d = self._json(name)
+        s = d["series"]
+        last = lambda k: s[k][-1] if s.get(k) else None  # noqa: E731
+        rows = ["| measure | with experience | without experience |", "|---|---|---|"]
+        w = {st: v for st, v in s.get("policy/success_with_exp", []) if st >= start}
+        wo = {st: v for st, v in s.get("policy/success_without_exp", []) if st >= start}
+        both = sorted(set(w) & set(wo))
+        if both:
+            above = sum(w[st] > wo[st] for st in both)
+            rows.append(f"| training rollouts, mean success of steps {both[0]}–{both[-1]} | "
+                        f"{statistics.mean(w[st] for st in both):.2f} (above without on {above} of {len(both)} steps) | "
+                        f"{statistics.mean(wo[st] for st in both):.2f} |")
+        for pre, suf, label in (("", "", "held-out, seen tasks, greedy"), ("", "_sampled", "held-out, seen tasks, sampled"),
+                                ("unseen_", "", "held-out, unseen tasks, greedy"),
+                                ("unseen_", "_sampled", "held-out, unseen tasks, sampled")):
+            cells = []
+            for arm in ("with_exp", "without_exp"):
+                k = f"eval/success_{pre}{arm}{suf}"
+                v, lo, hi = last(k), last(k + "_ci_low"), last(k + "_ci_high")
+                cells.append(f"{v[1]:.3f} [{lo[1]:.2f}, {hi[1]:.2f}] (step {v[0]})" if v and lo and hi
+                             else f"{v[1]:.3f} (step {v[0]})" if v else "–")
+            if any(c != "–" for c in cells):
+                rows.append(f"| {label} | {cells[0]} | {cells[1]} |")
+        lib, size = s.get("library/entry_correct_share"), last("library/size")
+        if lib:
+            rows.append(f"| library entries right, step {lib[0][0]} → {lib[-1][0]} | {lib[0][1]:.2f} → {lib[-1][1]:.2f}"
+                        + (f" ({size[1]:.0f} entries)" if size else "") + " | – |")
+        for t in d.get("ab_tests", []):
+            res, cfg = t.get("results") or {}, t.get("config") or {}
+            arms = res.get("arms", {})
+            if not arms:
+                continue
+            fmt = lambda a: f"{a['successes']}/{a['n']} = {a['rate']:.2f} [{a['ci_low']:.2f}, {a['ci_high']:.2f}]"  # noqa: E731
+            rows.append(f"| A/B test \"{t.get('name')}\" ({cfg.get('decoding')}, {cfg.get('episodes_per_task')} episodes "
+                        f"× {len(cfg.get('seeds', []))} tasks): A vs B, diff {res.get('diff', 0):+.2f}, unpaired p = "
+                        f"{res.get('p_value', float('nan')):.2g} | A {fmt(arms['A'])} | B {fmt(arms['B'])} |")
+        return "\n".join(rows)
+
+    def figure(self, arg: str) -> str:
+        name, label = arg.split()
+        file = f"{name}-{label}.png"
+        if self.draw:
+            self.img_dir.mkdir(parents=True, exist_ok=True)
+            d = self._json(name)
+            if label == "probe":
+                if study_probe_figure(name, d, self.img_dir) is None:
+                    raise ValueError(f"{name}: no run measured the extractor probe")
+            elif label not in _labels(d):
+                raise ValueError(f"{name}: no variant {label!r} (variants: {_labels(d)})")
+            else:
+                study_figures(name, d, self.img_dir, [label])
+        return f"![{name} {label}](img/results/{file})"
+
+    def render(self, template: str) -> str:
+        out = []
+        for line in template.splitlines():
+            m = DIRECTIVE.match(line.strip())
+            out.append(getattr(self, m.group(1))(m.group(2)) if m else line)
+        return "\n".join(out).rstrip() + "\n"
+
+
+def render_page(results_dir: Path, out: Path, draw: bool = True, template: Path | None = None) -> str:
+    """The page's markdown from its template (draw: also write the figures it names)."""
+    return Page(results_dir, out, draw).render((template or out / TEMPLATE).read_text())
+
+
+# -- a catalogue of every result file (a results folder without a template) ------------------------------------------
 
 
 def _argv_section(results_dir: Path, pattern: str, finished, title: str, intro: str) -> list[str]:
@@ -171,20 +416,21 @@ def _argv_section(results_dir: Path, pattern: str, finished, title: str, intro: 
     return md
 
 
-def build(results_dir: Path, out: Path) -> Path:
+def build_catalogue(results_dir: Path, out: Path) -> str:
     img_dir = out / "img" / "results"
     img_dir.mkdir(parents=True, exist_ok=True)
     rel_img = img_dir.relative_to(out)
     md = ["# Results", "",
-          "Generated by `python benchmarks/report.py` from `benchmarks/results/*.json`; do not edit by hand "
-          f"(the discussion lives in `{DISCUSSION}`).", ""]
+          "Generated by `python benchmarks/report.py` from every result file in the folder, newest first; do not edit "
+          f"by hand (the closing discussion lives in `{DISCUSSION}`).", ""]
+
     def finished(path: Path) -> str:
         try:
             return json.loads(path.read_text()).get("environment", {}).get("time", "")
         except (OSError, json.JSONDecodeError):
             return ""
 
-    studies = sorted(results_dir.glob("study*.json"), key=lambda p: (finished(p), p.name), reverse=True)  # newest first
+    studies = sorted(results_dir.glob("study*.json"), key=lambda p: (finished(p), p.name), reverse=True)
     md += ["## Studies", "", "Newest first.", ""]
     if not studies:
         md += ["No study results yet: run `python benchmarks/study.py`.", ""]
@@ -192,7 +438,8 @@ def build(results_dir: Path, out: Path) -> Path:
         d = json.loads(path.read_text())
         env = d.get("environment", {})
         md += [f"### {path.stem}", "",
-               f"Command: `{study_command(d)}`" + ("" if d.get("argv") else " (rebuilt from the recorded args)") + "  ", f"Commit: `{env.get('commit', '?')}`, {env.get('cpus', '?')} CPUs, "
+               f"Command: `{study_command(d)}`" + ("" if d.get("argv") else " (rebuilt from the recorded args)") + "  ",
+               f"Commit: `{env.get('commit', '?')}`, {env.get('cpus', '?')} CPUs, "
                f"torch {env.get('torch', '?')}, finished {env.get('time', '?')}.", ""]
         table_md = path.with_suffix(".md")
         md += [_strip_title(table_md.read_text()) if table_md.exists() else "(no table: the .md file is missing)", ""]
@@ -221,17 +468,28 @@ def build(results_dir: Path, out: Path) -> Path:
     md += ["## Comparison with the paper", ""]
     disc = out / DISCUSSION
     md += [disc.read_text().strip() if disc.exists() else f"_Missing: write `{DISCUSSION}` next to this file; it is included here._", ""]
+    return "\n".join(md)
+
+
+def build(results_dir: Path, out: Path) -> Path:
+    """<out>/results.md: the template filled in where <out> has one, else the catalogue."""
     page = out / "results.md"
-    page.write_text("\n".join(md))
+    text = render_page(results_dir, out) if (out / TEMPLATE).is_file() else build_catalogue(results_dir, out)
+    page.write_text(text)
     return page
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
-    ap.add_argument("--out", default=str(ROOT / "docs"), help="writes <out>/results.md and <out>/img/results/")
+    ap.add_argument("--out", default=str(ROOT / "docs"),
+                    help=f"writes <out>/results.md (from <out>/{TEMPLATE} where it exists) and <out>/img/results/")
     args = ap.parse_args(argv)
-    page = build(Path(args.results_dir), Path(args.out))
+    try:
+        page = build(Path(args.results_dir), Path(args.out))
+    except (FileNotFoundError, ValueError) as e:
+        print(f"report: {e}", file=sys.stderr)
+        return 2
     print(page)
     return 0
 
