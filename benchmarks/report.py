@@ -284,8 +284,8 @@ class Page:
         name, *opts = arg.split()
         script = next((o.split("=", 1)[1] for o in opts if o.startswith("script=")), None)
         d = self._json(name)
-        link = f"[`{name}.md`]({self.rel}/{name}.md)" if (self.results / f"{name}.md").is_file() \
-            else f"[`{name}.json`]({self.rel}/{name}.json)"
+        link = (f"[`{name}.md`]({self.rel}/{name}.md) ([json]({self.rel}/{name}.json))"
+                if (self.results / f"{name}.md").is_file() else f"[`{name}.json`]({self.rel}/{name}.json)")
         commit, when = commit_of(d), (d.get("environment") or {}).get("time")
         runs = sorted({r.get("commit") for r in d.get("runs", []) if r.get("commit")} - {commit})
         made = f"commit `{commit}`" if commit else "commit not recorded in the file"
