@@ -100,7 +100,8 @@ def main() -> None:
     from core.embedding import Embedder
     from core.manager import ExperienceManager
     from core.store import ExperienceStore, NewEntry
-    from trainers.ray_exec import RemoteManager, loopback_only
+    from trainers.ray_exec import loopback_only
+    from trainers.ray_remote import RemoteManager
 
     torch.set_num_threads(args.threads)
     callers = [int(c) for c in args.callers.split(",")]

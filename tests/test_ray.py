@@ -18,7 +18,8 @@ from core.config import IndexConfig, LibraryConfig, ManagerConfig  # noqa: E402
 from core.manager import OpContext  # noqa: E402
 from core.store import ExperienceStore  # noqa: E402
 from core.types import Operation, format_entry_text  # noqa: E402
-from trainers.ray_exec import RayEnvPool, RemoteManager  # noqa: E402
+from trainers.ray_exec import RayEnvPool  # noqa: E402
+from trainers.ray_remote import RemoteManager  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = "minihack/Room-5x5"
@@ -206,7 +207,7 @@ def test_a_restarted_rollout_engine_gets_the_learners_weights_back(cluster, tiny
     given the last synced ones before the call is retried."""
     import torch
 
-    from trainers.ray_exec import RemoteEngine
+    from trainers.ray_remote import RemoteEngine
 
     engine = RemoteEngine(str(tiny.path), threads=1, cpus=0.5, restart_timeout_s=120)
     try:
