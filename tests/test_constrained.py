@@ -8,6 +8,7 @@ import re
 import pytest
 import torch
 
+from conftest import require_vllm
 from core.config import ConfigError
 from trainers.config import ModelSection, RolloutSection, load_run_config
 from trainers.models import ActionChoice, ChoiceState, ChoiceVocab, as_choice, build_tiny_qwen2, build_tokenizer, load_backend, save_model_folder
@@ -228,6 +229,7 @@ def test_constrain_actions_is_a_validated_config_field():
 # ---------------------------------------------------------------- vLLM (make setup installs it; tests/test_vllm.py runs the engine)
 
 def test_vllm_structured_outputs_arguments():
+    require_vllm()
     from vllm import SamplingParams
 
     from trainers.models import vllm_structured_kwargs

