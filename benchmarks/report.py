@@ -341,10 +341,11 @@ class Page:
         both = sorted(set(w) & set(wo))
         if both:
             above = sum(w[st] > wo[st] for st in both)
-            rows.append(f"| training rollouts, mean success of steps {both[0]}–{both[-1]} | "
-                        f"{statistics.mean(w[st] for st in both):.2f} (above without on {above} of {len(both)} steps) | "
-                        f"{statistics.mean(wo[st] for st in both):.2f} |")
-        for pre, suf, label in (("", "", "held-out, seen tasks, greedy"), ("", "_sampled", "held-out, seen tasks, sampled"),
+            mean_w, mean_wo = statistics.mean(w[st] for st in both), statistics.mean(wo[st] for st in both)
+            rows.append(f"| training rollouts, mean success of steps {both[0]}–{both[-1]} | {mean_w:.2f} "
+                        f"(above without on {above} of {len(both)} steps) | {mean_wo:.2f} |")
+        for pre, suf, label in (("", "", "held-out, seen tasks, greedy"),
+                                ("", "_sampled", "held-out, seen tasks, sampled"),
                                 ("unseen_", "", "held-out, unseen tasks, greedy"),
                                 ("unseen_", "_sampled", "held-out, unseen tasks, sampled")):
             cells = []
@@ -364,9 +365,10 @@ class Page:
             arms = res.get("arms", {})
             if not arms:
                 continue
-            fmt = lambda a: f"{a['successes']}/{a['n']} = {a['rate']:.2f} [{a['ci_low']:.2f}, {a['ci_high']:.2f}]"  # noqa: E731
-            rows.append(f"| A/B test \"{t.get('name')}\" ({cfg.get('decoding')}, {cfg.get('episodes_per_task')} episodes "
-                        f"× {len(cfg.get('seeds', []))} tasks): A vs B, diff {res.get('diff', 0):+.2f}, unpaired p = "
+            fmt = lambda a: (f"{a['successes']}/{a['n']} = {a['rate']:.2f} "  # noqa: E731
+                             f"[{a['ci_low']:.2f}, {a['ci_high']:.2f}]")
+            rows.append(f"| A/B test \"{t.get('name')}\" ({cfg.get('decoding')}, {cfg.get('episodes_per_task')} "
+                        f"episodes × {len(cfg.get('seeds', []))} tasks): A vs B, diff {res.get('diff', 0):+.2f}, unpaired p = "
                         f"{res.get('p_value', float('nan')):.2g} | A {fmt(arms['A'])} | B {fmt(arms['B'])} |")
         return "\n".join(rows)
 

@@ -43,8 +43,8 @@ def render() -> str:
 
 
 def test_the_page_is_what_the_generator_writes():
-    assert PAGE.read_text() == render(), ("docs/results.md differs from what benchmarks/report.py makes of "
-                                          "docs/results_template.md: edit the template and run python benchmarks/report.py")
+    assert PAGE.read_text() == render(), ("docs/results.md differs from what benchmarks/report.py makes of docs/"
+                                          "results_template.md: edit the template, then run python benchmarks/report.py")
 
 
 # -- figures quoted by hand -------------------------------------------------------------------------------------------
