@@ -112,7 +112,7 @@ def command_of(name: str, d: dict, script: str | None = None) -> str:
     if script and isinstance(d.get("args"), dict):
         return f"`{args_command(script, d['args'])}` (rebuilt from the recorded arguments)"
     if isinstance(d.get("what"), str):
-        return f"what its `what` field says: {d['what']}"
+        return f"the steps its `what` field records: {d['what']}"
     if script:
         return f"`python {script}` (the file records no arguments)"
     return f"`{bench_command(name, d)}` (the benchmark's default run: the file records no command)"
