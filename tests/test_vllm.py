@@ -133,3 +133,39 @@ def test_vllm_bad_model_folder_is_one_line(tmp_path):
     with pytest.raises(BackendError) as e:
         load_backend("vllm", tmp_path, quiet=True)
     assert "\n" not in str(e.value) and str(tmp_path) in str(e.value)
+
+
+def test_vllm_two_step_run_with_both_models_on_vllm(tmp_path):
+    """`comprl train` with actor.backend and extractor.model.backend vllm: both engines in the run's process (one
+    engine thread, trainers/backends/vllm.py), weights synced after each update, the sync's health logged."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from core.store import ExperienceStore
+    from trainers import prompts as P
+
+    tok = build_tokenizer([P.ACTOR_SYSTEM, P.ACTOR_USER, P.EXTRACTOR_USER, "north east south west"] * 30, vocab_size=400)
+    for name in ("policy", "extractor"):
+        save_model_folder(build_tiny_qwen2(tok, hidden=128, layers=1, heads=4, kv_heads=2, seed=1), tok, tmp_path / name)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"""
+run: {{name: vllm-2step, variant: complementary, max_steps: 2, eval_episodes: 2, checkpoint_every: 1, threads: 1}}
+env: {{names: {{minihack/Room-5x5: 1.0}}, max_turns: 3}}
+actor: {{path: {tmp_path / 'policy'}, max_new_tokens: 4, backend: vllm}}
+rollout: {{tasks_per_step: 1, group_size: 4, with_experience: 2}}
+extractor: {{model: {{path: {tmp_path / 'extractor'}, max_new_tokens: 24, backend: vllm}}, buffer_size: 4, merge_every: 2}}
+""")
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.run([sys.executable, "-m", "app.cli", "train", str(cfg), "--data-dir", str(tmp_path / "data")], cwd=root,
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    assert "vLLM engine failed" not in p.stdout + p.stderr
+    store = ExperienceStore(f"sqlite:///{tmp_path / 'data' / 'workbench.db'}")
+    run = store.list_runs()[0]
+    assert run["status"] == "finished" and run["step"] == 2 and run["backend"].startswith("vllm ")
+    m = store.latest_metrics(run["id"])
+    for key in ("policy/success_with_exp", "policy/success_without_exp", "rollout/tokens_per_s", "eval/success_with_exp",
+                "sync/logprob_gap_mean", "sync/logprob_gap_max", "sync/ratio_mean"):
+        assert key in m, key
+    assert m["sync/logprob_gap_max"] < LOGPROB_TOL and abs(m["sync/ratio_mean"] - 1) < LOGPROB_TOL

@@ -6,7 +6,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +98,36 @@ class VLLMWeightSyncExtension:
             method.process_weights_after_loading(head)
 
 
+_ENGINE_THREAD: ThreadPoolExecutor | None = None
+_ENGINE_THREAD_LOCK = threading.Lock()
+
+
+def _engine_thread() -> ThreadPoolExecutor:
+    """The one thread of this process that builds and calls vLLM engines. vLLM's CPU kernels bind OpenMP threads in
+    the thread that builds an engine and check each call's thread count against it: a call from another thread (the
+    run's rollout prefetch, the extractor's worker) failed ("Check failed: input->metadata->thread_num == thread_num
+    (2 vs. 1)"). And an engine's forward context is process-wide: two engines of one process (actor and extractor)
+    running at once failed ("Forward context is not set"). So every engine call of the process goes through one
+    thread, in turn."""
+    global _ENGINE_THREAD
+    with _ENGINE_THREAD_LOCK:
+        if _ENGINE_THREAD is None:
+            _ENGINE_THREAD = ThreadPoolExecutor(1, thread_name_prefix="vllm-engine")
+        return _ENGINE_THREAD
+
+
+def model_max_len(folder: Path) -> int:
+    """The context length a model folder's config.json declares (2048 when it says none or cannot be read: the
+    engine then says what is wrong with the folder)."""
+    import json
+
+    try:
+        cfg = json.loads((Path(folder) / "config.json").read_text())
+        return int(cfg.get("max_position_embeddings") or cfg.get("text_config", {}).get("max_position_embeddings") or 2048)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 2048
+
+
 def vllm_device() -> str:
     """The device vLLM's platform runs on ("cuda", "cpu", ...), asked of vLLM itself, never assumed."""
     from vllm.platforms import current_platform
@@ -128,12 +160,24 @@ class VLLMBackend:
         self.path = check_model_folder(model_path)
         self.device = vllm_device()
         on_cpu = self.device == "cpu"
+        if on_cpu:
+            # The engine in this process (unless the user chose otherwise): a spawned engine process took 144-181 s to
+            # start on 2 cores against 56 s in-process, and two engines (actor and extractor) share the cores anyway.
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         # On the CPU the learner works in float32: the engine does too, so its tokens and log-probs are the learner's.
         self.dtype = dtype or ("float32" if on_cpu else "bfloat16")
         memory: dict[str, Any] = {"kv_cache_memory_bytes": int(kv_cache_mib) << 20} if on_cpu else \
             {"gpu_memory_utilization": gpu_memory_utilization}
+        if on_cpu:
+            # Every request here is seeded, and vLLM's CPU sampler cannot roll a seeded generator back after a prompt
+            # was split across engine steps ("CPU Generator does not use offset": the extractor's 1,800-token prompts
+            # failed so). So prompts are never split: no chunked prefill, a step budget that holds several of them.
+            engine_kwargs.setdefault("enable_chunked_prefill", False)
+            engine_kwargs.setdefault("max_num_batched_tokens", max(int(max_model_len or model_max_len(self.path)), 16384))
+        self._owner = _engine_thread()
         try:
-            self.llm = LLM(
+            self.llm = self._in_owner(
+                LLM,
                 model=str(self.path),
                 dtype=self.dtype,
                 max_model_len=max_model_len,
@@ -146,7 +190,7 @@ class VLLMBackend:
             )
         except Exception as e:  # vLLM raises many kinds; the run gets one line, with the cause
             raise BackendError(f"vLLM could not start an engine on {self.path}: {error_line(e)}") from e
-        self.tokenizer = self.llm.get_tokenizer()
+        self.tokenizer = self._in_owner(self.llm.get_tokenizer)
         from transformers import GenerationConfig
 
         try:
@@ -155,7 +199,14 @@ class VLLMBackend:
             gen_cfg = None
         self.end_ids = sorted(end_token_ids(self.tokenizer, gen_cfg))
         self.syncs = 0
+        # prompt tokens the engine ran (not served from its prefix cache), from vLLM's per-request num_cached_tokens;
+        # the Roller reads it as rollout/prefill_tokens, beside rollout/prompt_tokens
+        self.prefill_computed = 0
+        self.prefix_cached = 0
         self._weights_dir = Path(tempfile.mkdtemp(prefix="comprl-vllm-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+
+    def _in_owner(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return self._owner.submit(fn, *args, **kwargs).result()
 
     def describe(self) -> str:
         import vllm
@@ -177,7 +228,7 @@ class VLLMBackend:
         """One batch through the engine; an engine that died (or refused the batch) is one BackendError line, so the
         run stops cleanly at the step it was in and resumes from its last checkpoint."""
         try:
-            return self.llm.generate(self._inputs(prompts), params, use_tqdm=False)
+            return self._in_owner(self.llm.generate, self._inputs(prompts), params, use_tqdm=False)
         except Exception as e:
             raise BackendError(f"the vLLM engine failed ({error_line(e)}); the run can resume from its last checkpoint") from e
 
@@ -222,6 +273,9 @@ class VLLMBackend:
         outs = self._run(prompts, params)
         results = []
         for o in outs:
+            cached = int(getattr(o, "num_cached_tokens", 0) or 0)
+            self.prefix_cached += cached
+            self.prefill_computed += len(o.prompt_token_ids or []) - cached
             c = o.outputs[0]
             ids = [int(t) for t in c.token_ids]
             lps = [float(d[t].logprob) for t, d in zip(ids, c.logprobs or [])]
@@ -260,10 +314,10 @@ class VLLMBackend:
             path = str(self._weights_dir / "sync.safetensors")
             write_weights(weights, Path(path))
         try:
-            self.llm.collective_rpc("comprl_load_weights", args=(path,))
+            self._in_owner(self.llm.collective_rpc, "comprl_load_weights", args=(path,))
         except Exception as e:
             raise BackendError(f"the weight sync into vLLM failed ({error_line(e)}); the run can resume from its last checkpoint") from e
-        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        self._in_owner(self.llm.reset_prefix_cache)  # cached KV blocks were computed with the old weights
         self.syncs += 1
 
     sync_weights = load_weights
@@ -276,5 +330,5 @@ class VLLMBackend:
         core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
         shutdown = getattr(llm, "shutdown", None) or getattr(core, "shutdown", None)
         if shutdown is not None:
-            shutdown()
+            self._in_owner(shutdown)
         del llm
