@@ -33,6 +33,7 @@ from trainers.engine import RunContext, seed_everything
 from trainers.evaluate import evaluate_policy
 from trainers.extractor import ExperienceLoop
 from trainers.gguf_import import SMOLLM2_NAME, import_gguf
+from trainers.backends.common import SYNC_GAP_WARN, sync_gap
 from trainers.models import HFBackend, LoraSettings, inference_backend, load_backend, vllm_available
 from trainers.probe import ExtractorProbe
 from trainers.rollout import Episode, Roller, episode_metrics, trajectory_record
@@ -186,6 +187,7 @@ def train(ctx: RunContext) -> None:
                 if cfg.extractor.merge_every and step % cfg.extractor.merge_every == 0 and not warm:
                     metrics.update(experience.merge(step))
             # -- log
+            metrics.update(rollouts.sync_metrics)
             if experience is not None:
                 metrics.update(experience.totals())
             if audit is not None:
@@ -239,6 +241,8 @@ class Rollouts:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="rollout") if not cfg.run.deterministic else None
         self._pending: Future | None = None
         self._latency_cursor = 0  # the manager's retrieval latencies this phase has read up to
+        self._scored: list[list[int]] = []  # a few of the last episodes' token rows: what a sync is checked on
+        self.sync_metrics: dict[str, float] = {}  # the last sync's health (sync/*), read into the step's metrics
 
     def collect(self, step: int, *, prefetch_next: bool) -> tuple[list[Episode], dict[str, float]]:
         """Step `step`'s episodes, prefetched or collected now; in asynchronous mode start step + 1's when
@@ -252,9 +256,22 @@ class Rollouts:
             metrics["rollout/staleness"] = 0.0
         if self._thread is not None and prefetch_next:
             if self.roller.actor is not self.learner and self.cfg.trains_actor:
-                self.roller.actor.sync_weights(self.learner.state_dict_for_sync())  # the policy after update step-1
+                self._sync()  # the policy after update step-1
             self._pending = self._thread.submit(self._collect, step + 1)
+        self._scored = [t.prompt_ids + t.response_ids for e in episodes[:4] for t in e.turns[:1] if t.response_ids]
         return episodes, metrics
+
+    def _sync(self) -> None:
+        """The rollout engine takes the learner's weights; then both score the same tokens (sync/*: a sync that fails
+        silently turns rollouts to garbage), with a warning in the run's log past SYNC_GAP_WARN."""
+        self.roller.actor.sync_weights(self.learner.state_dict_for_sync())
+        with self.learner.lock:
+            gap = sync_gap(self.roller.actor, self.learner, self._scored)
+        self.sync_metrics = {f"sync/{k}": v for k, v in gap.items()}
+        if gap and gap["logprob_gap_max"] > SYNC_GAP_WARN:
+            print(f"[comprl] warning: after the weight sync the rollout engine's log-probs differ from the learner's by up to "
+                  f"{gap['logprob_gap_max']:.3f} nats (mean {gap['logprob_gap_mean']:.3f}); rollouts may not come from the "
+                  "trained policy", flush=True)
 
     def _collect(self, step: int) -> tuple[list[Episode], dict[str, float]]:
         specs = make_specs(self.cfg, self.mixture, self.rng, step)
@@ -271,7 +288,7 @@ class Rollouts:
         """After an actor update: the rollout copy takes the new weights, unless a prefetch is running on the old ones
         (then it takes them before the next prefetch)."""
         if self.roller.actor is not self.learner and self._pending is None:
-            self.roller.actor.sync_weights(self.learner.state_dict_for_sync())
+            self._sync()
 
     def close(self) -> None:
         if self._pending is not None:  # a prefetched step that will not be learned from: let it finish, drop it

@@ -40,6 +40,7 @@ from core.store import ExperienceStore
 from core.types import Experience, Generation, Operation, Source
 from trainers import prompts as P
 from trainers.actor_step import reply_tensors, warmed_lr
+from trainers.backends.common import SYNC_GAP_WARN, sync_gap
 from trainers.backends.logprobs import row_logprobs
 from trainers.config import ExtractorSection, resolve_model_path
 from trainers.models import HFBackend, LoraSettings, inference_backend, load_backend
@@ -312,8 +313,14 @@ class ExperienceLoop:
             self.optimizer.step()
             model.eval()
         self.updates += 1
+        sync: dict[str, float] = {}
         if self.infer is not self.backend:
             self.infer.sync_weights(self.backend.state_dict_for_sync())
+            gap = sync_gap(self.infer, self.backend, [x.prompt_ids + x.response_ids for x in batch[:4]])
+            sync = {f"sync/extractor_{k}": v for k, v in gap.items()}
+            if gap and gap["logprob_gap_max"] > SYNC_GAP_WARN:
+                print(f"[comprl] warning: after the extractor's weight sync its engine's log-probs differ from the learner's by "
+                      f"up to {gap['logprob_gap_max']:.3f} nats", flush=True)
         trained = [s.entry_id for s in batch if s.entry_id is not None]
         # recorded at the update's index, so the next update sees steps_since_trained = 1
         self.store.record_trained(trained, self.updates - 1, run_id=self.run_id, run_step=step)  # a resume takes it back
@@ -325,7 +332,7 @@ class ExperienceLoop:
             "extractor/clip_frac": sum(x["clip_frac"] for x in st) / len(st), "extractor/updates": float(self.updates),
             # samples whose advantage is not zero: the only ones the update learns from
             "extractor/frac_nonzero_adv": float((adv.abs() > 1e-8).float().mean()), "extractor/reward_std": float(rewards.std(unbiased=False)),
-            "extractor/lr": lr,
+            "extractor/lr": lr, **sync,
         }
 
     # -- merge (docs/method.md step 4) ---------------------------------------------------------------------

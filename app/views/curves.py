@@ -77,6 +77,12 @@ PANELS: tuple[Panel, ...] = (
     Panel("retrieval", "Retrieval: hits and same-task rate", (CurveKey("retrieval/hit_rate", "hit rate"),
                                                               CurveKey("retrieval/same_task_rate", "entry of the episode's own task", "dash"))),
     Panel("search", "Search-and-ask calls", (CurveKey("search_and_ask/calls", "calls"),)),
+    # After each weight sync, the rollout engine (vLLM, or the hf rollout copy) against the learner on the same tokens:
+    # float noise when the sync took; a jump means rollouts no longer come from the trained policy.
+    Panel("sync", "Weight sync: rollout engine vs learner log-probs (nats)", (
+        CurveKey("sync/logprob_gap_max", "actor, largest gap"),
+        CurveKey("sync/logprob_gap_mean", "actor, mean gap", "dash"),
+        CurveKey("sync/extractor_logprob_gap_max", "extractor, largest gap", "dot"))),
 )
 # Every key the curves read from the store: the plotted ones, their intervals, and the sources of the gaps.
 CURVE_KEYS: tuple[str, ...] = tuple(dict.fromkeys(
