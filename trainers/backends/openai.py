@@ -135,7 +135,10 @@ class OpenAIBackend:
             if self.token_ids_from_server:
                 body["return_tokens_as_token_ids"] = True
             if cons[i]:
+                # each server reads its own field and ignores the other: llama.cpp a GBNF `grammar`, vLLM
+                # `structured_outputs` (a choice list, or a regex where an open prefix leaves text free)
                 body["grammar"] = cons[i].gbnf()
+                body["structured_outputs"] = {"regex": cons[i].regex()} if cons[i].open_prefixes else {"choice": list(cons[i].actions)}
             data = self._post("completions", body)
             choices = data.get("choices") or []
             if len(choices) != 1:
