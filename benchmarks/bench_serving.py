@@ -2,8 +2,8 @@
 
     python benchmarks/bench_serving.py --folder comprl_data/models/smollm2-135m-instruct --seeds 8 --turns 4
 
-Starts llama.cpp's server (llama-cpp-python[server], the `[real]` extra) on loopback with the GGUF the
-folder was imported from (its comprl_import.json names it), one thread, and plays greedy evaluation
+Starts the OpenAI-compatible server tests/test_llama_server.py starts (vLLM's, serving the folder; llama.cpp's with
+COMPRL_TEST_SERVER=llama.cpp, serving the GGUF the folder was imported from) on loopback, and plays greedy evaluation
 episodes (trainers/evaluate.py `evaluate_policy`, the chat prompts) through `backend: openai` and through
 the hf back end (one torch thread), in interleaved rounds. Reports episodes/s, seconds per turn, how
 often the two back ends chose the same action, and the valid-action rate of each. Writes
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     from envs.pool import EnvPool
-    from test_llama_server import LlamaServer
+    from test_llama_server import SERVER, LlamaServer
     from trainers.config import ModelSection, RolloutSection
     from trainers.cotrain import SlotRouter
     from trainers.evaluate import evaluate_policy
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(args.folder)
     gguf = Path(json.loads((folder / "comprl_import.json").read_text())["source"])
     log = Path(tempfile.gettempdir()) / f"{args.out}_server.log"
-    srv = LlamaServer(gguf, log).wait_ready()
+    srv = LlamaServer(gguf, log, folder=folder).wait_ready()
     rc = RolloutSection(prompt_style="chat", history_turns=4, history_chars=3000)
     slots = [args.env] * args.slots
     pool = EnvPool(slots, num_workers=1)
@@ -89,17 +89,20 @@ def main(argv: list[str] | None = None) -> int:
            "episodes_per_s": {k: args.seeds / median(v) for k, v in times.items()},
            "seconds_per_turn": {k: median(v) / max(1, turns[k]) for k, v in times.items()},
            "valid_rate": valid, "same_action_share": same, "same_first_action_share": first_same}
+    served = "llama.cpp server (Q4_1 GGUF, 1 thread)" if SERVER == "llama.cpp" else "vLLM's OpenAI server (fp32 folder)"
+    res["server"] = served
     lines = ["| back end | episodes/s | s per turn | valid-action rate |", "|---|---:|---:|---:|",
-             f"| openai → llama.cpp server (Q4_1 GGUF, 1 thread) | {res['episodes_per_s']['openai']:.3f} | "
+             f"| openai → {served} | {res['episodes_per_s']['openai']:.3f} | "
              f"{res['seconds_per_turn']['openai']:.2f} | {valid['openai']:.3f} |",
              f"| hf (transformers, fp32 folder, 1 thread) | {res['episodes_per_s']['hf']:.3f} | "
              f"{res['seconds_per_turn']['hf']:.2f} | {valid['hf']:.3f} |",
              "",
              f"Greedy evaluation, {args.env}, {args.seeds} held-out seeds, {args.turns} turns, chat prompts, {args.slots} episodes "
              f"in lockstep, medians of {args.rounds} interleaved rounds. Same action at the same turn on "
-             f"{same:.0%} of turns ({first_same:.0%} of first moves): the server runs the Q4_1 weights, hf their fp32 "
-             "dequantisation, and llama.cpp's own kernels, so greedy choices can part where two moves are close; once "
-             "they part, the episodes differ."]
+             f"{same:.0%} of turns ({first_same:.0%} of first moves): " + (
+                 "the server runs the Q4_1 weights, hf their fp32 dequantisation, and llama.cpp's own kernels"
+                 if SERVER == "llama.cpp" else "both run the same fp32 weights, with different kernels") +
+             ", so greedy choices can part where two moves are close; once they part, the episodes differ."]
     write_results(args.out, res, "\n".join(lines))
     return 0
 
