@@ -226,3 +226,48 @@ def test_a_restarted_rollout_engine_gets_the_learners_weights_back(cluster, tiny
         assert [o.logprobs for o in again] == [o.logprobs for o in after]
     finally:
         engine.close()
+
+
+@pytest.mark.slow
+def test_vllm_rollout_engine_in_a_ray_actor_follows_the_learners_weights(cluster, tmp_path):
+    """ray.rollout_engine with actor.backend vllm: vLLM's engine in a Ray actor. Its greedy tokens and log-probs equal
+    the hf learner's on the folder's weights and again after the learner's weights changed and were synced through
+    the object store (and differ from before the sync)."""
+    from conftest import require_vllm
+
+    require_vllm()
+    import torch
+
+    from trainers import prompts as P
+    from trainers.config import load_run_config
+    from trainers.models import HFBackend, build_tiny_qwen2, build_tokenizer, save_model_folder
+    from trainers.ray_remote import RemoteEngine
+
+    assert load_run_config("run: {executor: ray}\nactor: {backend: vllm}\nray: {rollout_engine: true}\n").ray.rollout_engine
+    tok = build_tokenizer([P.ACTOR_SYSTEM, P.ACTOR_USER, "north east south west southeast"] * 30, vocab_size=400)
+    model = build_tiny_qwen2(tok, hidden=128, layers=1, heads=4, kv_heads=2, seed=0)  # head size 32: vLLM's CPU minimum
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(4.0)  # sharp logits: greedy choices are not near-ties
+    save_model_folder(model, tok, tmp_path)
+    learner = HFBackend(tmp_path, device="cpu", num_threads=1)
+    engine = RemoteEngine(str(tmp_path), threads=1, cpus=0.5, restart_timeout_s=300, backend="vllm")
+    try:
+        assert engine.describe().startswith("ray actor: vllm ") and engine.kind == "vllm"
+        prompt = [learner.encode("north east south west")]
+        greedy = dict(max_new_tokens=6, temperature=0.0)
+
+        def same(a, b):
+            assert [o.token_ids for o in a] == [o.token_ids for o in b]
+            assert torch.allclose(torch.tensor(a[0].logprobs), torch.tensor(b[0].logprobs), atol=1e-3)
+
+        first = engine.generate(prompt, **greedy)
+        same(first, learner.generate(prompt, **greedy))
+        with torch.no_grad():
+            for p in learner.model.parameters():
+                p.add_(0.3 * torch.randn_like(p))
+        engine.sync_weights(learner.state_dict_for_sync())
+        after = engine.generate(prompt, **greedy)
+        same(after, learner.generate(prompt, **greedy))
+        assert [o.logprobs for o in after] != [o.logprobs for o in first]
+    finally:
+        engine.close()

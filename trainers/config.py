@@ -296,9 +296,9 @@ class RunConfig:
 
             if importlib.util.find_spec("ray") is None:
                 raise ConfigError("run.executor ray needs Ray: pip install -e '.[ray]' (or set run.executor: local)")
-        if self.ray.rollout_engine and (self.run.executor != "ray" or self.actor.backend not in ("auto", "hf")):
-            raise ConfigError("ray.rollout_engine puts the hf rollout engine in a Ray actor: it needs run.executor ray and "
-                              f"actor.backend hf or auto (not {self.actor.backend})")
+        if self.ray.rollout_engine and (self.run.executor != "ray" or self.actor.backend not in ("auto", "hf", "vllm")):
+            raise ConfigError("ray.rollout_engine puts the rollout engine (hf or vllm) in a Ray actor: it needs run.executor "
+                              f"ray and actor.backend hf, vllm or auto (not {self.actor.backend})")
         # A config never silently means something else: what would be ignored or changed is refused.
         if self.rollout.with_experience is None:
             self.rollout.with_experience = 0 if self.run.variant == "grpo" else self.rollout.group_size // 2

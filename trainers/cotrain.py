@@ -72,6 +72,8 @@ def load_actor(cfg: RunConfig, data_dir: Path, checkpoint: Path | None):
         # a frozen actor served by an endpoint (RunConfig allows it only where the actor does not train); the local
         # folder stays the checkpointed policy and gives the tokenizer and chat template
         return learner, inference_backend(cfg.actor, path)
+    if cfg.run.executor == "ray" and cfg.ray.rollout_engine:
+        return learner, learner  # train() puts the rollout engine in a Ray actor (cluster.rollout_engine)
     if cfg.actor.backend in ("vllm", "auto"):
         if cfg.actor.backend == "vllm" or (vllm_available() and torch.cuda.is_available()):
             rollout = load_backend("vllm", path)

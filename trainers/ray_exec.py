@@ -95,7 +95,7 @@ class RayCluster:
         """The rollout engine as an actor, given the learner's weights at once (the folder may be an older policy)."""
         rc = self.cfg.ray
         engine = RemoteEngine(str(learner.path), threads=self.cfg.run.threads or None, cpus=rc.engine_cpus,
-                              restart_timeout_s=rc.restart_timeout_s)
+                              restart_timeout_s=rc.restart_timeout_s, backend="vllm" if self.cfg.actor.backend == "vllm" else "hf")
         engine.sync_weights(learner.state_dict_for_sync())
         return engine
 

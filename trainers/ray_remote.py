@@ -4,7 +4,8 @@
 - The manager actor dies: Ray restarts it, its constructor rebuilds the index from the store (everything written
   went through the store first, so nothing is lost), and the caller's call is retried. A retried write skips the
   operations the store shows as already applied, so an interrupted write is not applied twice.
-- The engine actor holds the hf back end: it generates and loads the learner's weights through the object store.
+- The engine actor holds the hf or the vllm back end: it generates and loads the learner's weights through the object
+  store.
 """
 from __future__ import annotations
 
@@ -222,13 +223,14 @@ class RemoteManager:
 
 
 class EngineActor:
-    """The rollout engine (the hf back end) in its own Ray worker: generates, and loads the learner's weights."""
+    """The rollout engine (the hf or the vllm back end) in its own Ray worker: generates, and loads the learner's
+    weights."""
 
-    def __init__(self, path: str, threads: int | None) -> None:
+    def __init__(self, path: str, threads: int | None, backend: str = "hf") -> None:
         # the models (and torch) are imported here, not at the top: every env and manager actor imports this module
-        from trainers.models import HFBackend
+        from trainers.models import HFBackend, load_backend
 
-        self.b = HFBackend(path, device="cpu", num_threads=threads)
+        self.b = load_backend("vllm", path, quiet=True) if backend == "vllm" else HFBackend(path, device="cpu", num_threads=threads)
         self.incarnation = uuid.uuid4().hex  # a new value each time Ray (re)starts the actor (with the folder's weights)
 
     def generate(self, prompts: list[list[int]], kwargs: dict[str, Any]) -> tuple[list[Any], int, str]:
@@ -239,7 +241,8 @@ class EngineActor:
         return self.incarnation
 
     def drop_sessions(self, keys: list[Any] | None) -> None:
-        self.b.drop_sessions(keys)
+        if hasattr(self.b, "drop_sessions"):  # vLLM keeps no sessions: its prefix cache does that work
+            self.b.drop_sessions(keys)
 
     def describe(self) -> str:
         return self.b.describe()
@@ -254,18 +257,17 @@ class RemoteEngine:
     through Ray's object store; the last ones are kept there, so an engine that Ray restarted (with the folder's
     initial weights) is given them again before the call is retried: a rollout never samples from a stale policy."""
 
-    kind = "hf"
-
     def __init__(self, path: str, *, threads: int | None = None, cpus: float = 1.0,
-                 restart_timeout_s: float = 300.0) -> None:
+                 restart_timeout_s: float = 300.0, backend: str = "hf") -> None:
         import torch
         from transformers import AutoTokenizer
 
         self.path = path
+        self.kind = backend
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.device = torch.device("cpu")
         self.restart_timeout_s = restart_timeout_s
-        self.actor = ray.remote(EngineActor).options(max_restarts=-1, max_task_retries=0, num_cpus=cpus).remote(path, threads)
+        self.actor = ray.remote(EngineActor).options(max_restarts=-1, max_task_retries=0, num_cpus=cpus).remote(path, threads, backend)
         self._weights: Any = None  # ObjectRef of the weights last synced
         self._synced: str | None = None  # the actor incarnation that holds them
         self.prefill_computed = 0
