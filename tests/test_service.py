@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -503,6 +504,9 @@ def test_ab_create_validates_everything_first(wb, tmp_path):
         assert cfg == {"env": "minihack/Room-5x5", "seeds": list(range(10)), "checkpoint": "", "max_turns": None,
                        "arms": {"A": {"kind": "minus", "ids": [a]}, "B": {"kind": "none"}}, "task_ids": False,
                        "episodes_per_task": 1, "decoding": "greedy", "actor": None}
+        proc = next(launched.proc for launched in wb._launched if launched.ab_id == ab_id)
+        if proc.poll() is None:  # still importing torch: an A/B test yields the CPU to training runs (nice 10)
+            assert os.getpriority(os.PRIO_PROCESS, proc.pid) == 10
     else:
         assert "trainer is not available" in msg and ab_id is None and wb.store.list_ab_tests() == []
 

@@ -24,6 +24,18 @@ from core.config import ConfigError
 from core.store import StoreError
 
 
+
+def _ab_nice() -> int:
+    """The nice value of an A/B test the workbench starts: COMPRL_AB_NICE, 0-19 (0: as the workbench itself)."""
+    raw = os.environ.get("COMPRL_AB_NICE", "10")
+    if not raw.strip().isdigit() or int(raw) > 19:
+        raise SystemExit(f"COMPRL_AB_NICE must be a whole number from 0 to 19, not {raw!r}")
+    return int(raw)
+
+
+AB_NICE = _ab_nice()
+
+
 @dataclass
 class _Launched:
     kind: str  # "run" | "ab"
@@ -117,6 +129,13 @@ class RunsPart:
             # A new session: the run outlives a restart of the workbench, and a Ctrl-C here does not reach it.
             proc = subprocess.Popen(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=env, start_new_session=True)
+        if kind == "ab" and AB_NICE:
+            # An A/B test yields the CPU to training runs: on 2 cores one beside a live run slowed its steps 1.34x
+            # (benchmarks/bench_load.py); it gets its turn whenever the run waits. Its threads start later and inherit it.
+            try:
+                os.setpriority(os.PRIO_PROCESS, proc.pid, AB_NICE)
+            except OSError:
+                pass  # it already ended (its log says why), or the platform has no priorities
         launched = _Launched(kind, proc, log_path, ab_id, run_id)
         with self._launch_lock:
             self._launched.append(launched)
