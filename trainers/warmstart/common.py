@@ -39,7 +39,7 @@ class WarmStartConfig:
     # Registered env names to learn: the recurring dark room (env.task_set configs), where an entry holds what the
     # actor cannot see (where the staircase is), so the demonstrations teach reading one (walk where it points) and
     # writing one (the extractor copies the env's debrief). One env: with two, the longer episodes of one crowd out
-    # the other's examples (docs/results_discussion.md).
+    # the other's examples (docs/history/results_discussion.md).
     envs: list[str] = field(default_factory=lambda: ["minihack/Room-Ultimate-5x5"])
     # Demonstrations name a task instance ("Dungeon 1017: ..."), as runs with env.task_set show it. Their ids start
     # at 1000, so a demonstrated level is never one of a run's tasks (ids 0..task_set-1 and the unseen ones after).
@@ -66,7 +66,7 @@ class WarmStartConfig:
     max_positions: int = 4096  # position embeddings of both models (the rollout's prompt + reply must fit)
     # Policy SFT optimiser steps on full prompts, after the short-prompt curriculum below (without it, full prompts
     # teach only the marginal over moves and the entry stays unread). More steps and DAgger episodes did not change
-    # what the policy reads (docs/results_discussion.md).
+    # what the policy reads (docs/history/results_discussion.md).
     policy_steps: int = 300
     # Policy SFT steps first, on short prompts: the task line, the entry when there is one and the current
     # observation, without the system text or the history (its own optimiser and schedule). Copying what the action
