@@ -3,7 +3,7 @@
 For each store: a library of seeded entries, a training run (`comprl train`, tiny random models, one process), then
 the real workbench (`comprl app`, loopback, its own process) on the same store. The run's step time is measured with
 the app idle (a window before and one after the load), then with `--clients` gradio_client clients (threads of this
-process) for `--duration` seconds:
+process, each thread at nice 19: `client_priority`) for `--duration` seconds:
 
 - 14 "researchers" each loop: live curves of the run, a library page (random page, sometimes a text filter), a
   semantic search, open and edit an entry of their own, review a merge (propose + preview), the runs and A/B tables;
@@ -129,10 +129,21 @@ def version_of(opened: Any) -> int | None:
         return None
 
 
+CLIENT_NICE = 19
+
+
+def client_priority() -> None:
+    """The load generator's clients stand for people on other machines, but here they share the 2 cores with the run and
+    the app they measure: each client thread (and the threads its gradio_client starts, which inherit it) runs at
+    nice 19, so what slows the run is the workbench and its database serving them, not the clients' own parsing."""
+    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), CLIENT_NICE)  # this thread only (Linux: nice is per thread)
+
+
 def researcher(i: int, url: str, rec: Recorder, run_id: int, own_entry: int, pairs: list[tuple[int, int]],
                deadline: float, think: tuple[float, float], policy: Path, start_ab: bool) -> None:
     from gradio_client import Client
 
+    client_priority()
     rng = random.Random(i)
     c = Client(url, verbose=False)
     version = version_of(rec.call(c, "open_entry", own_entry))
@@ -181,6 +192,7 @@ def researcher(i: int, url: str, rec: Recorder, run_id: int, own_entry: int, pai
 def editor(i: int, url: str, rec: Recorder, entry: int, barrier: threading.Barrier, deadline: float, round_s: float) -> None:
     from gradio_client import Client
 
+    client_priority()
     c = Client(url, verbose=False)
     k = 0
     while True:
@@ -371,7 +383,7 @@ def main() -> None:
         "errors": sum(r["errors"] for r in per), "lost_edits": sum(r["lost_edits"] for r in per),
         "step_time_ratio": max(r["step_time_ratio"] for r in per),
         "pacing": {"researchers": args.clients - EDITORS, "think_s_uniform": list(args.think), "editors": EDITORS,
-                   "editor_round_pause_s": args.round_s,
+                   "editor_round_pause_s": args.round_s, "client_threads_nice": CLIENT_NICE,
                    "note": "each researcher waits a random think time between requests (a person reading a page); "
                            "editors save against the same version of one entry at the same moment each round"},
         "backends": per, "environment": environment(),
