@@ -33,7 +33,7 @@ from trainers.engine import RunContext, seed_everything
 from trainers.evaluate import evaluate_policy
 from trainers.extractor import ExperienceLoop
 from trainers.gguf_import import SMOLLM2_NAME, import_gguf
-from trainers.backends.common import SYNC_GAP_WARN, sync_gap
+from trainers.backends.common import checked_sync_metrics
 from trainers.models import HFBackend, LoraSettings, inference_backend, load_backend, vllm_available
 from trainers.probe import ExtractorProbe
 from trainers.rollout import Episode, Roller, episode_metrics, trajectory_record
@@ -268,12 +268,7 @@ class Rollouts:
         silently turns rollouts to garbage), with a warning in the run's log past SYNC_GAP_WARN."""
         self.roller.actor.sync_weights(self.learner.state_dict_for_sync())
         with self.learner.lock:
-            gap = sync_gap(self.roller.actor, self.learner, self._scored)
-        self.sync_metrics = {f"sync/{k}": v for k, v in gap.items()}
-        if gap and gap["logprob_gap_max"] > SYNC_GAP_WARN:
-            print(f"[comprl] warning: after the weight sync the rollout engine's log-probs differ from the learner's by up to "
-                  f"{gap['logprob_gap_max']:.3f} nats (mean {gap['logprob_gap_mean']:.3f}); rollouts may not come from the "
-                  "trained policy", flush=True)
+            self.sync_metrics = checked_sync_metrics(self.roller.actor, self.learner, self._scored, "sync/")
 
     def _collect(self, step: int) -> tuple[list[Episode], dict[str, float]]:
         specs = make_specs(self.cfg, self.mixture, self.rng, step)

@@ -40,7 +40,7 @@ from core.store import ExperienceStore
 from core.types import Experience, Generation, Operation, Source
 from trainers import prompts as P
 from trainers.actor_step import reply_tensors, warmed_lr
-from trainers.backends.common import SYNC_GAP_WARN, sync_gap
+from trainers.backends.common import checked_sync_metrics
 from trainers.backends.logprobs import row_logprobs
 from trainers.config import ExtractorSection, resolve_model_path
 from trainers.models import HFBackend, LoraSettings, inference_backend, load_backend
@@ -316,11 +316,8 @@ class ExperienceLoop:
         sync: dict[str, float] = {}
         if self.infer is not self.backend:
             self.infer.sync_weights(self.backend.state_dict_for_sync())
-            gap = sync_gap(self.infer, self.backend, [x.prompt_ids + x.response_ids for x in batch[:4]])
-            sync = {f"sync/extractor_{k}": v for k, v in gap.items()}
-            if gap and gap["logprob_gap_max"] > SYNC_GAP_WARN:
-                print(f"[comprl] warning: after the extractor's weight sync its engine's log-probs differ from the learner's by "
-                      f"up to {gap['logprob_gap_max']:.3f} nats", flush=True)
+            sync = checked_sync_metrics(self.infer, self.backend, [x.prompt_ids + x.response_ids for x in batch[:4]],
+                                        "sync/extractor_")
         trained = [s.entry_id for s in batch if s.entry_id is not None]
         # recorded at the update's index, so the next update sees steps_since_trained = 1
         self.store.record_trained(trained, self.updates - 1, run_id=self.run_id, run_step=step)  # a resume takes it back

@@ -137,6 +137,17 @@ def sync_gap(engine: Any, learner: Any, sequences: Sequence[Sequence[int]], *, n
             "ratio_mean": float(d.exp().mean())}
 
 
+def checked_sync_metrics(engine: Any, learner: Any, sequences: Sequence[Sequence[int]], prefix: str) -> dict[str, float]:
+    """sync_gap after a weight sync, as the step's metrics (`<prefix>logprob_gap_mean`, ...), with a warning line in
+    the run's log when the gap passes SYNC_GAP_WARN: rollouts may then not come from the trained weights."""
+    gap = sync_gap(engine, learner, sequences)
+    if gap and gap["logprob_gap_max"] > SYNC_GAP_WARN:
+        print(f"[comprl] warning: after the weight sync ({prefix.rstrip('_')}) the engine's log-probs differ from the "
+              f"learner's by up to {gap['logprob_gap_max']:.3f} nats (mean {gap['logprob_gap_mean']:.3f}); rollouts may "
+              "not come from the trained weights", flush=True)
+    return {f"{prefix}{k}": v for k, v in gap.items()}
+
+
 def read_weights(path: str | os.PathLike) -> Iterator[tuple[str, Tensor]]:
     """(name, tensor) pairs from a .safetensors file or every .safetensors file of a folder."""
     from safetensors import safe_open
