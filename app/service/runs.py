@@ -24,7 +24,6 @@ from core.config import ConfigError
 from core.store import StoreError
 
 
-
 def _ab_nice() -> int:
     """The nice value of an A/B test the workbench starts: COMPRL_AB_NICE, 0-19 (0: as the workbench itself)."""
     raw = os.environ.get("COMPRL_AB_NICE", "10")

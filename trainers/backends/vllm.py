@@ -202,7 +202,6 @@ class VLLMBackend:
         # prompt tokens the engine ran (not served from its prefix cache), from vLLM's per-request num_cached_tokens;
         # the Roller reads it as rollout/prefill_tokens, beside rollout/prompt_tokens
         self.prefill_computed = 0
-        self.prefix_cached = 0
         self._weights_dir = Path(tempfile.mkdtemp(prefix="comprl-vllm-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
 
     def _in_owner(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -273,9 +272,7 @@ class VLLMBackend:
         outs = self._run(prompts, params)
         results = []
         for o in outs:
-            cached = int(getattr(o, "num_cached_tokens", 0) or 0)
-            self.prefix_cached += cached
-            self.prefill_computed += len(o.prompt_token_ids or []) - cached
+            self.prefill_computed += len(o.prompt_token_ids or []) - int(getattr(o, "num_cached_tokens", 0) or 0)
             c = o.outputs[0]
             ids = [int(t) for t in c.token_ids]
             lps = [float(d[t].logprob) for t, d in zip(ids, c.logprobs or [])]
