@@ -57,7 +57,9 @@ CURVES = ("policy/success_with_exp", "policy/success_without_exp", "policy/rewar
           # the extractor probe (trainers/probe.py) and the density of the extractor's reward signal
           "extractor/probe_correct", "extractor/probe_wrong", "extractor/probe_unverifiable", "extractor/probe_valid",
           "extractor/probe_stated_right", "extractor/probe_heading_right", "extractor/frac_nonzero_adv", "extractor/episodes_per_entry_reward",
-          "extractor/entries_rewarded")  # plus every eval/* key
+          "extractor/entries_rewarded",
+          # does the reward tell a right lesson from a wrong one (trainers/cotrain.py EntryAudit.credit_metrics)
+          "extractor/reward_gap", "extractor/relative_reward_gap", "extractor/rewarded_right_share")  # plus every eval/* key
 FULL_CONFIGS = ("configs/minihack_room_cpu.yaml", "configs/alfworld_cpu.yaml")  # the issue's two environments
 FULL_MULTITASK = "configs/multitask_cpu.yaml"  # one complementary run over MiniHack + ALFWorld + WebShop
 QUICK_SETS = ["rollout.tasks_per_step=1", "rollout.group_size=4", "rollout.with_experience=2", "env.max_turns=6",

@@ -314,3 +314,40 @@ def test_a_similarity_floor_shows_an_unseen_dungeon_no_entry(store, embedder):
 
     with pytest.raises(ConfigError, match="min_similarity"):
         ManagerConfig(min_similarity=1.5)
+
+
+def test_credit_metrics_tell_how_far_the_reward_separates_right_lessons_from_wrong_ones(tmp_path):
+    """EntryAudit.credit_metrics: this step's entry rewards, split by whether the entry's claim is right."""
+    from core.store import ExperienceStore, NewEntry
+    from core.types import Source
+    from envs.entry_check import EntryChecker
+    from envs.minihack import TASKS, _relative
+    from trainers.cotrain import EntryAudit
+
+    env = "minihack/Room-5x5"
+    store = ExperienceStore(f"sqlite:///{tmp_path / 'w.db'}")
+    checker = EntryChecker()
+    new = []
+    for i in range(3):
+        dr, dc = checker.facts(env, i)["offset"]
+        says = (dr + 7, dc) if i == 2 else (dr, dc)  # dungeon 2's entry is wrong
+        task = instance_task(env, i, TASKS["Room-5x5"].goal)
+        new.append(NewEntry(text=format_entry_text("Where the staircase is", f"Dungeon {i}",
+                                                   f"The staircase down (>) is {_relative(*says)} of the square where you start."),
+                            env=env, task=task, query=task, source=Source.MANUAL))
+    checker.close()
+    ids = store.add_entries(new, actor="test")
+    from trainers.config import load_run_config
+
+    cfg = load_run_config({"env": {"names": {env: 1.0}, "task_set": 3}})
+    audit = EntryAudit(cfg, store, None)
+    try:
+        m = audit.credit_metrics({ids[0]: (1.0, 0.5), ids[1]: (0.0, 1.0), ids[2]: (-1.0, -0.5)})
+        assert audit.credit_metrics({}) == {}
+    finally:
+        audit.close()
+    assert m["extractor/rewarded_right_share"] == pytest.approx(2 / 3)
+    assert m["extractor/reward_right"] == pytest.approx(0.5)
+    assert m["extractor/reward_wrong"] == pytest.approx(-1.0)
+    assert m["extractor/reward_gap"] == pytest.approx(1.5)
+    assert m["extractor/relative_reward_gap"] == pytest.approx(0.75 + 0.5)

@@ -175,6 +175,8 @@ def train(ctx: RunContext) -> None:
             # -- score: outcomes credit the entries that guided them and become the extractor's CISPO samples
             if experience is not None:
                 metrics.update(experience.score(episodes, step))
+                if audit is not None:
+                    metrics.update(audit.credit_metrics(experience.last_credit))
             # -- advantages + actor step (GRPO with split subgroups)
             if cfg.trains_actor and not warm:
                 with learner.lock:
@@ -343,6 +345,40 @@ class EntryAudit:
         share = correct_share(new)
         if share is not None:
             out["extractor/new_entry_correct_share"] = share
+        return out
+
+    def credit_metrics(self, credit: dict[int, tuple[float, float]]) -> dict[str, float]:
+        """Does the extractor's reward tell a right lesson from a wrong one? Over this step's rewarded entries:
+
+        extractor/reward_right, extractor/reward_wrong   the mean reward of the entries whose claim is right / wrong
+        extractor/reward_gap                             their difference (what CISPO's advantage can learn from)
+        extractor/relative_reward_gap                    the same for the relative reward (outcome minus the group's
+                                                         experience-free mean), measured beside it, never trained on
+        extractor/rewarded_right_share                   the share of rewarded entries that are right"""
+        if not credit:
+            return {}
+        entries = self.store.get_many(list(credit))
+        right, wrong = [], []
+        for i, (r, rel) in credit.items():
+            e = entries.get(i)
+            if e is None or not self._seen(e.task) or e.env not in self.envs:
+                continue
+            v = self.checker.verdict(e.env, e.task, e.text)
+            if v == "right":
+                right.append((r, rel))
+            elif v in ("wrong", "no_claim"):
+                wrong.append((r, rel))
+        if not right and not wrong:
+            return {}
+        out = {"extractor/rewarded_right_share": len(right) / (len(right) + len(wrong))}
+        mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+        if right:
+            out["extractor/reward_right"] = mean([r for r, _ in right])
+        if wrong:
+            out["extractor/reward_wrong"] = mean([r for r, _ in wrong])
+        if right and wrong:
+            out["extractor/reward_gap"] = out["extractor/reward_right"] - out["extractor/reward_wrong"]
+            out["extractor/relative_reward_gap"] = mean([x for _, x in right]) - mean([x for _, x in wrong])
         return out
 
     def close(self) -> None:

@@ -113,6 +113,9 @@ class ExperienceLoop:
         self.counters = {"parse_failures": 0, "distilled": 0, "adds": 0, "updates_ops": 0, "refused_ops": 0, "dropped": 0,
                          "tool_calls": 0, "tool_hits": 0, "merges": 0}
         self.last_merge: MergeReport | None = None
+        # this step's credit, entry id -> (the reward its sample got, the relative reward it would have got): what
+        # EntryAudit.credit_metrics checks against the entries' truth (does the reward tell a right lesson from a wrong?)
+        self.last_credit: dict[int, tuple[float, float]] = {}
         self._queue: queue.Queue[tuple[Episode, int] | None] = queue.Queue()
         self._lock = threading.Lock()
         self._closed = False
@@ -238,6 +241,9 @@ class ExperienceLoop:
             rewards = critic_entry_rewards([e.critic_scores for e in episodes], retrieved, outcomes, baselines=baselines)
         else:
             rewards = entry_rewards(retrieved, outcomes, baselines=baselines)  # entry id -> mean signed outcome
+        free = experience_free_baseline(outcomes, torch.tensor([e.spec.with_experience for e in episodes]),
+                                        torch.tensor([e.spec.group_id for e in episodes])) if episodes else None
+        relative = entry_rewards(retrieved, outcomes, baselines=free) if episodes else {}
         used = [(i, e) for e in episodes for i in sorted(set(e.traj.experience_ids))]
         if used:
             self.store.record_outcomes([(i, e.success, e.reward) for i, e in used], run_id=self.run_id, step=step,
@@ -259,6 +265,7 @@ class ExperienceLoop:
                         self.buffer.append(Sample(None, list(g.prompt_ids), list(g.response_ids), list(g.response_logprobs),
                                                   1.0 if e.success else -1.0))
                         new += 1
+        self.last_credit = {i: (r, relative.get(i, r)) for i, r in rewards.items()}
         # the signal's density (issue: can the extractor learn from it?): how many episodes each entry's reward averages
         readers = [sum(i in set(ids) for ids in retrieved) for i in rewards]
         return {"extractor/new_samples": float(new), "retrieval/hit_rate": _hit_rate(episodes),
