@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import RESULTS, environment, run_in, write_results  # noqa: E402
-from benchmarks.study_tables import PROBE_KEYS, paired_table, paired_tests, probe_table, table  # noqa: E402
+from benchmarks.study_tables import PROBE_KEYS, credit_table, paired_table, paired_tests, probe_table, table  # noqa: E402
 
 ABLATIONS = {
     "joint_normalization": ["loss.joint_normalization=true"],
@@ -502,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
         tags = [f"{it['label']}-seed{it['seed']}" for it in plan]
         complete = [r["name"] for r in results if r.get("complete", True)]
         paired = paired_tests(results)
-        md = "\n\n".join(x for x in (table(results, args, env["commit"]), probe_table(results), paired_table(paired)) if x)
+        md = "\n\n".join(x for x in (table(results, args, env["commit"]), probe_table(results), credit_table(results), paired_table(paired)) if x)
         if partial:
             md = (f"**Partial: {len(complete)} of {len(tags)} runs complete** (pending: "
                   f"{', '.join(t for t in tags if t not in complete) or 'none'}).\n\n" + md)

@@ -114,6 +114,33 @@ def paired_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+CREDIT_KEYS = (("extractor/rewarded_right_share", "rewarded entries right"),
+               ("extractor/reward_gap", "reward, right minus wrong entries"),
+               ("extractor/relative_reward_gap", "the same, relative reward (not trained on)"),
+               ("extractor/episodes_per_entry_reward", "episodes per entry's reward"))
+
+
+def credit_table(results: list[dict]) -> str:
+    """Does the extractor's reward tell a right lesson from a wrong one? Per variant, each curve's mean over its run's
+    steps, then mean ± sd over seeds (trainers/cotrain.py EntryAudit.credit_metrics)."""
+    def run_mean(r: dict, key: str) -> float | None:
+        pts = [p[1] for p in (r.get("curves") or {}).get(key, []) if p[1] is not None]
+        return sum(pts) / len(pts) if pts else None
+
+    labels = [lab for lab in dict.fromkeys(r["label"] for r in results)
+              if any(run_mean(r, "extractor/rewarded_right_share") is not None for r in results if r["label"] == lab)]
+    if not labels:
+        return ""
+    lines = ["The extractor's reward against the truth of the entries it rewards (per step over the run, mean ± sd over "
+             "seeds; a right entry's reward should exceed a wrong one's).", "",
+             "| variant | seeds | " + " | ".join(name for _, name in CREDIT_KEYS) + " |",
+             "|---|---:|" + "---|" * len(CREDIT_KEYS)]
+    for lab in labels:
+        rs = [r for r in results if r["label"] == lab]
+        lines.append(f"| {lab} | {len(rs)} | " + " | ".join(mean_sd([run_mean(r, k) for r in rs]) for k, _ in CREDIT_KEYS) + " |")
+    return "\n".join(lines)
+
+
 def probe_table(results: list[dict]) -> str:
     """The extractor probe at each run's start and end, per variant (mean over seeds)."""
     labels = [lab for lab in dict.fromkeys(r["label"] for r in results)

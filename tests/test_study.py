@@ -315,3 +315,17 @@ def test_copy_probe_turns_need_the_task_object_and_the_arms_run(tmp_path: Path):
     assert all(0 <= p["long"] <= 1 and 0 <= p["short"] <= 1 for a in d["arms"].values() for p in a["curve"])
     assert d["mean_prompt_tokens"]["long"] > 2 * d["mean_prompt_tokens"]["short"]
     assert d["argv"][:2] == ["python", "experiments/copy_probe.py"] and "| short then full |" in (tmp_path / "cp.md").read_text()
+
+
+def test_credit_table_averages_each_runs_curve_then_the_seeds():
+    from benchmarks.study_tables import credit_table
+
+    def run(label, share, gap):
+        return {"label": label, "curves": {"extractor/rewarded_right_share": [[1, share], [2, share]],
+                                           "extractor/reward_gap": [[1, gap - 0.5], [2, gap + 0.5]]}}
+
+    md = credit_table([run("complementary", 0.1, 1.0), run("complementary", 0.3, 0.0), {"label": "grpo", "curves": {}}])
+    row = next(line for line in md.splitlines() if line.startswith("| complementary"))
+    assert row.startswith("| complementary | 2 | 0.200 ± 0.141 | 0.500 ± 0.707 |")
+    assert "grpo" not in md  # no credit curves, no row
+    assert credit_table([{"label": "grpo", "curves": {}}]) == ""
