@@ -221,6 +221,9 @@ def serve(*, host: str = "127.0.0.1", port: int = 7860, data_dir: str, db_url: s
     from app.service import Workbench
     from app.ui import build
 
+    from app.service.runs import serve_below_runs
+
+    nice = serve_below_runs()  # runs and A/B tests fork from a launcher thread at the priority we started with
     wb = Workbench(data_dir, db_url, upload_cap_mb=upload_cap_mb, demo_actor=demo_actor)
     if demo:
         print(f"demo: {wb.start_demo_run()}", flush=True)
@@ -228,7 +231,8 @@ def serve(*, host: str = "127.0.0.1", port: int = 7860, data_dir: str, db_url: s
     wb.warm_up()
     blocks = build(wb)
     blocks.queue(default_concurrency_limit=4)
-    print(f"workbench: data {wb.data_dir}, store {wb.db_url.split('@')[-1]}", flush=True)
+    print(f"workbench: data {wb.data_dir}, store {wb.db_url.split('@')[-1]}, serving at nice {nice} "
+          "(runs it starts keep the priority it was started with; COMPRL_APP_NICE)", flush=True)
     try:
         blocks.launch(server_name=host, server_port=port, auth=credentials, share=False, inbrowser=False,
                       max_file_size=wb.upload_cap_bytes, allowed_paths=[str(Path(wb.data_dir) / "exports")],

@@ -89,3 +89,32 @@ def test_first_pages_and_searches_at_once_on_an_unembedded_library(tmp_path):
     for s in out["searches"]:
         assert s["rows"] == K and s["scored"] and "closest in meaning" in s["info"]
     assert out["missing_after"] == 0
+
+
+def test_the_workbench_serves_below_the_runs_it_starts():
+    """serve_below_runs lowers the serving thread's priority (and its later threads'), while runs fork from the
+    launcher thread at the priority the workbench started with (Linux: a priority is per thread, inherited on fork)."""
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    from app.service.runs import LAUNCHER, serve_below_runs
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    seen: dict[str, int] = {}
+
+    def serving_thread() -> None:
+        seen["serving"] = serve_below_runs(5)
+        t = threading.Thread(target=lambda: seen.__setitem__("later", os.nice(0)))
+        t.start()
+        t.join()
+        p = LAUNCHER.popen([sys.executable, "-c", "import os; print(os.nice(0))"], stdout=subprocess.PIPE, text=True)
+        seen["run"] = int(p.communicate(timeout=60)[0])
+
+    t = threading.Thread(target=serving_thread)
+    t.start()
+    t.join(timeout=120)
+    assert seen["serving"] == min(19, base + 5) and seen["later"] == seen["serving"]  # requests' threads yield
+    assert seen["run"] == base  # a run keeps the workbench's starting priority
+    assert os.getpriority(os.PRIO_PROCESS, 0) == base  # this (the test's) thread is untouched

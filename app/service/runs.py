@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,15 +26,54 @@ from core.config import ConfigError
 from core.store import StoreError
 
 
-def _ab_nice() -> int:
-    """The nice value of an A/B test the workbench starts: COMPRL_AB_NICE, 0-19 (0: as the workbench itself)."""
-    raw = os.environ.get("COMPRL_AB_NICE", "10")
+def _nice(name: str, default: int) -> int:
+    """A nice value from the environment variable `name`, 0-19 (0: the priority the workbench was started with)."""
+    raw = os.environ.get(name, str(default))
     if not raw.strip().isdigit() or int(raw) > 19:
-        raise SystemExit(f"COMPRL_AB_NICE must be a whole number from 0 to 19, not {raw!r}")
+        raise SystemExit(f"{name} must be a whole number from 0 to 19, not {raw!r}")
     return int(raw)
 
 
-AB_NICE = _ab_nice()
+AB_NICE = _nice("COMPRL_AB_NICE", 10)  # an A/B test the workbench starts
+APP_NICE = _nice("COMPRL_APP_NICE", 10)  # the threads that serve the workbench's requests
+
+
+class _Launcher:
+    """The one thread that forks every run and A/B test the workbench starts. On Linux a priority belongs to a
+    thread and a child inherits its forking thread's: the workbench lowers the priority of the threads that serve
+    requests (serve_below_runs), so a run forked from one of them would start lowered too. This thread is started
+    before that, in the thread that starts the workbench, and keeps the priority the workbench was started with."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="comprl-launcher")
+                self._pool.submit(lambda: None).result()  # its thread exists now, forked at this thread's priority
+
+    def popen(self, cmd: list[str], **kw: Any) -> subprocess.Popen:
+        self.start()
+        assert self._pool is not None
+        return self._pool.submit(subprocess.Popen, cmd, **kw).result()
+
+
+LAUNCHER = _Launcher()
+
+
+def serve_below_runs(nice: int = APP_NICE) -> int:
+    """Start the launcher, then lower this thread's priority by `nice` (the threads it starts later, the web server's
+    and the request workers among them, inherit it): on a busy machine a training run gets the cores before the
+    workbench's pages and searches do (benchmarks/bench_load.py). Returns the nice value now in force."""
+    LAUNCHER.start()
+    if nice:
+        try:
+            return os.nice(nice)  # Linux: this thread only, like setpriority(PRIO_PROCESS, 0)
+        except OSError:
+            pass
+    return os.getpriority(os.PRIO_PROCESS, 0) if hasattr(os, "getpriority") else 0
 
 
 @dataclass
@@ -126,8 +167,8 @@ class RunsPart:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
         with log_path.open("ab") as logf:
             # A new session: the run outlives a restart of the workbench, and a Ctrl-C here does not reach it.
-            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=env, start_new_session=True)
+            proc = LAUNCHER.popen(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  env=env, start_new_session=True)
         if kind == "ab" and AB_NICE:
             # An A/B test yields the CPU to training runs: on 2 cores one beside a live run slowed its steps 1.34x
             # (benchmarks/bench_load.py); it gets its turn whenever the run waits. Its threads start later and inherit it.
