@@ -40,6 +40,15 @@ def entry_title(text: str) -> str:
     return text.strip().splitlines()[0][:120] if text.strip() else ""
 
 
+def entry_content(text: str) -> str:
+    """What an entry says to do: the text after `## Content:` (to the end, on one line), or the whole text, on one
+    line, when it has no such header."""
+    head = ENTRY_TEXT_SECTIONS[2]
+    at = text.find(head)
+    body = text[at + len(head):] if at >= 0 else text
+    return " ".join(body.split())
+
+
 @dataclass
 class Generation:
     """One extractor generation (prompt -> response) kept so the extractor can be trained on it."""

@@ -133,8 +133,9 @@ def _entry(i=1, **kw):
 
 def test_entries_table_columns_and_scores():
     df = views.entries_table([_entry(1), _entry(2, successes=0, failures=0)])
-    assert list(df.columns) == views.ENTRY_COLUMNS
-    assert df.iloc[0]["title"] == "Go diagonal" and df.iloc[0]["success rate"] == "0.75 (4)"
+    assert list(df.columns) == views.ENTRY_COLUMNS and len(views.ENTRY_COLUMN_WIDTHS) == len(views.ENTRY_COLUMNS)
+    assert df.iloc[0]["title"] == "Go diagonal" and df.iloc[0]["success rate"] == "0.75 (3 of 4)"
+    assert df.iloc[0]["content"] == "c"
     assert df.iloc[1]["success rate"] == ""
     df = views.entries_table([_entry(1)], scores=[0.91234])
     assert df.columns[1] == "score" and df.iloc[0]["score"] == 0.912
@@ -264,3 +265,19 @@ def test_diff_keeps_the_last_lines_apart_and_shows_the_added_one():
     h = views.diff_html(d)
     assert "<span class='d-add'>+## Content: walk to the &gt; now</span>" in h
     assert "<span class='d-del'>-## Content: go to the &gt;</span>" in h
+
+
+def test_entries_table_shows_each_entrys_claim_shortened():
+    """Issue 39: a run's entries share one title ("Where the staircase is"); the table shows what each one says."""
+    from core.types import entry_content, format_entry_text
+
+    claim = "The staircase down (>) was 2 south and 1 east of your starting square; from the start, head south."
+    text = format_entry_text("Where the staircase is", "Reaching the staircase down", claim)
+    assert entry_content(text) == claim and entry_content("no headers\nat all") == "no headers at all"
+    long = format_entry_text("Where the staircase is", "d", claim + " " + "Then keep going east along the wall. " * 5)
+    df = views.entries_table([_entry(1, text=text), _entry(2, text=long)])
+    assert df.iloc[0]["content"] == claim and df.iloc[0]["title"] == "Where the staircase is"
+    assert df.iloc[1]["content"].startswith(claim[:60]) and df.iloc[1]["content"].endswith("…")
+    assert len(df.iloc[1]["content"]) <= views.CONTENT_CHARS
+    assert sum(float(w.rstrip("%")) for w in views.ENTRY_COLUMN_WIDTHS) == pytest.approx(100)
+    assert sum(float(w.rstrip("%")) for w in views.RUN_COLUMN_WIDTHS) == pytest.approx(100)

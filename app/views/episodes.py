@@ -118,4 +118,7 @@ CSS = """
 .comprl-step-slider{flex:1}
 .comprl-step-label{font-size:13px;color:#444;min-width:110px}
 #runs-table td{white-space:nowrap;overflow:hidden;text-overflow:ellipsis}
+#runs-table th .header.text,#library-table th .header.text,#search-table th .header.text{white-space:normal;
+  word-break:keep-all;overflow-wrap:normal;text-overflow:clip;hyphens:none}
+#library-table th .header.text,#search-table th .header.text,#library-table td .cell-wrap,#search-table td .cell-wrap{font-size:13px}
 """

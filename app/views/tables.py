@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from core.types import Experience, entry_title
+from core.types import Experience, entry_content, entry_title
 
 
 def fmt_time(t: float | None) -> str:
@@ -26,6 +26,11 @@ def fmt_bytes(n: float) -> str:
     return f"{int(n)} bytes"
 
 
+def fmt_short_time(t: float | None) -> str:
+    """A table cell's time: month-day hour:minute (the full time is in the details)."""
+    return "" if not t else time.strftime("%m-%d %H:%M", time.localtime(t))
+
+
 def fmt_rate(x: float | None) -> str:
     return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
 
@@ -36,7 +41,9 @@ def short(text: str, width: int = 80) -> str:
 
 RUN_COLUMNS = ["id", "name", "variant", "env", "status", "step", "success with exp", "success without exp", "started",
                "device"]
-RUN_COLUMN_WIDTHS = ["4%", "15%", "10%", "14%", "19%", "5%", "8%", "8%", "12%", "5%"]
+# Sized on a 1400-pixel page (a 1215-pixel table, 14-pixel monospace: 8.4 pixels a character): "complementary" and
+# "minihack/Room-Ultimate-5x5" whole, the figures whole, headers wrapped between words (views.CSS), never cut.
+RUN_COLUMN_WIDTHS = ["4%", "15%", "10.5%", "19.5%", "13%", "5%", "8%", "8%", "10%", "7%"]
 
 
 def _one_line(text: str, width: int) -> str:
@@ -63,7 +70,7 @@ def runs_table(runs: Sequence[dict[str, Any]], latest: dict[int, dict[str, float
         m = latest.get(r["id"], {})
         rows.append([r["id"], _one_line(r["name"], 40), r["variant"], _one_line(r["env"], 36), run_status(r, build), r["step"],
                      fmt_rate(m.get("policy/success_with_exp")), fmt_rate(m.get("policy/success_without_exp")),
-                     fmt_time(r["started_at"]), _one_line(r.get("device") or "", 8)])
+                     fmt_short_time(r["started_at"]), _one_line(r.get("device") or "", 8)])
     return pd.DataFrame(rows, columns=RUN_COLUMNS)
 
 
@@ -115,17 +122,27 @@ def build_progress_html(p: dict[str, Any] | None) -> str:
             f"<span>{html.escape(text)}</span></div></div>")
 
 
+# "content": what the entry says (its `## Content:`, shortened): a run's entries share one title ("Where the staircase
+# is"), so the claim a curator reads is here. "success rate": successes of the outcomes recorded ("0.75 (3 of 4)").
 # "claim": on recurring tasks with a checker (envs/entry_check.py), whether what the entry says of its task's level
 # is right, wrong, or no claim at all; "–" where nothing can be checked.
-ENTRY_COLUMNS = ["id", "title", "env", "task", "source", "status", "v", "retrieved", "trained", "successes", "failures",
-                 "success rate", "updated", "claim"]
-ENTRY_COLUMN_WIDTHS = ["4%", "18%", "10%", "15%", "6%", "6%", "3%", "6%", "5%", "6%", "5%", "6%", "6%", "4%"]
+ENTRY_COLUMNS = ["id", "title", "content", "env", "task", "source", "status", "v", "retrieved", "trained", "success rate",
+                 "updated", "claim"]
+# At 13 pixels (views.CSS) on a 1400-pixel page, each header's longest word and each short cell ("extracted",
+# "archived", "WRONG") whole; the rest to the texts.
+ENTRY_COLUMN_WIDTHS = ["4.5%", "9%", "17.5%", "10%", "10%", "8.5%", "6.5%", "3.5%", "7.5%", "6%", "6%", "6%", "5%"]
+CONTENT_CHARS = 110
 CLAIM_LABELS = {"right": "right", "wrong": "WRONG", "no_claim": "no claim", "unknown": "–"}
 
 
 def _success_rate(e: Experience) -> str:
     n = e.successes + e.failures
-    return f"{e.successes / n:.2f} ({n})" if n else ""
+    return f"{e.successes / n:.2f} ({e.successes} of {n})" if n else ""
+
+
+def _content(text: str) -> str:
+    c = entry_content(text or "")
+    return textwrap.shorten(c, width=CONTENT_CHARS, placeholder="…") if c else ""
 
 
 def entries_table(entries: Sequence[Experience], scores: Sequence[float] | None = None,
@@ -133,8 +150,8 @@ def entries_table(entries: Sequence[Experience], scores: Sequence[float] | None 
     """`scores`: a search's score of each entry's text; `task_scores`: of its task key (shown beside it)."""
     rows = []
     for i, e in enumerate(entries):
-        row = [e.id, short(e.text, 70), e.env, short(e.task, 50), e.source.value, e.status.value, e.version,
-               e.retrieved_count, e.trained_count, e.successes, e.failures, _success_rate(e), fmt_time(e.updated_at),
+        row = [e.id, short(e.text, 60), _content(e.text), e.env, short(e.task, 50), e.source.value, e.status.value,
+               e.version, e.retrieved_count, e.trained_count, _success_rate(e), fmt_short_time(e.updated_at),
                CLAIM_LABELS.get(verdicts[i], "–") if verdicts is not None else "–"]
         if scores is not None:
             row.insert(1, round(float(scores[i]), 3))
