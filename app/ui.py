@@ -308,16 +308,23 @@ def build(wb: Workbench) -> gr.Blocks:
             # ---------------------------------------------------------------- Agent demo
             with gr.Tab("Agent demo", id="demo", elem_id="tab-demo"):
                 gr.Markdown(wb.policy_status(), elem_id="demo-policy-status")
+                # Opens on the newest run's env and one of its recurring tasks that the library holds an entry for,
+                # played by its policy (Workbench.demo_defaults; set again on each page's first paint).
+                dd = wb.demo_defaults()
+                d_note = gr.Markdown(dd["note"], elem_id="demo-defaults")
                 demo_token = gr.State(None)
                 with gr.Row():
-                    d_mode = gr.Radio([("scripted expert", "expert"), ("policy", "policy")], value="expert", label="who plays",
+                    d_mode = gr.Radio([("scripted expert", "expert"), ("policy", "policy")], value=dd["mode"], label="who plays",
                                       elem_id="demo-mode")
-                    d_env = gr.Dropdown(choices=envs, value="minihack/Room-5x5" if "minihack/Room-5x5" in envs else None,
-                                        label="env", elem_id="demo-env")
-                    d_seed = gr.Number(value=0, precision=0, label="task seed", elem_id="demo-seed")
-                    d_ckpt = gr.Textbox(label="policy checkpoint or model folder (empty: the embedded default, built on first use)",
+                    d_env = gr.Dropdown(choices=envs, value=dd["env"] or None, label="env", elem_id="demo-env")
+                    d_seed = gr.Number(value=dd["seed"], precision=0, label="task id, or seed", elem_id="demo-seed")
+                    d_task_ids = gr.Checkbox(label="recurring task id (Dungeon N, as the run names them); off: an env seed",
+                                             value=dd["task_ids"], elem_id="demo-task-ids")
+                    d_turns = gr.Number(value=dd["max_turns"], precision=0, label="max turns (0: the env's)", elem_id="demo-turns")
+                    d_ckpt = gr.Textbox(value=dd["checkpoint"],
+                                        label="policy checkpoint or model folder (empty: the embedded default, built on first use)",
                                         elem_id="demo-ckpt")
-                    d_lib = gr.Radio(["current", "none"], value="current", label="library", elem_id="demo-lib")
+                    d_lib = gr.Radio(["current", "none"], value=dd["library"], label="library", elem_id="demo-lib")
                 with gr.Row():
                     d_start = gr.Button("Start", variant="primary", elem_id="demo-start")
                     d_step = gr.Button("Step", elem_id="demo-step")
@@ -517,7 +524,7 @@ def build(wb: Workbench) -> gr.Blocks:
             """One more turn of the session's episode: (episode HTML, status)."""
             return wb.demo_step(token)[:2]
 
-        d_start.click(wb.demo_start, inputs=[demo_token, d_mode, d_env, d_seed, d_ckpt, d_lib],
+        d_start.click(wb.demo_start, inputs=[demo_token, d_mode, d_env, d_seed, d_ckpt, d_lib, d_task_ids, d_turns],
                       outputs=[demo_token, d_html, d_status], api_name="demo_start", **DEMO_START
                       ).then(lambda: gr.Timer(active=False), outputs=play_timer, **PRIVATE)
         d_step.click(demo_step, inputs=demo_token, outputs=[d_html, d_status], api_name="demo_step")
@@ -540,4 +547,11 @@ def build(wb: Workbench) -> gr.Blocks:
 
         demo.load(first_paint, inputs=page_inputs, outputs=[curve_runs, curve_choices, lib_df, page_md, f_env, build_runs,
                                                              build_curves, runs_df, header], **LIB, **PRIVATE)
+
+        def demo_first_paint() -> tuple:
+            d = wb.demo_defaults()
+            return (d["note"], d["mode"], gr.update(value=d["env"] or None), d["seed"], d["task_ids"], d["max_turns"],
+                    d["checkpoint"], d["library"])
+
+        demo.load(demo_first_paint, outputs=[d_note, d_mode, d_env, d_seed, d_task_ids, d_turns, d_ckpt, d_lib], **PRIVATE)
     return demo

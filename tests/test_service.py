@@ -754,3 +754,66 @@ def test_curves_follow_a_resume_that_dropped_and_redid_steps(wb, monkeypatch):
     _, figs, _ = wb.refresh_curves(tok, [rid], 0.0, "step")
     raw = json.loads(figs[0])["data"][0]
     assert raw["x"] == list(range(1, 10)) and raw["y"][-1] == 2.0
+
+
+def _recurring_run(wb, **kw):
+    cfg = "run:\n  name: dark\nenv:\n  names: {minihack/Room-Ultimate-5x5: 1.0}\n  max_turns: 8\n  task_set: 16\n"
+    return wb.store.create_run("dark", variant="complementary", env="minihack/Room-Ultimate-5x5", config=cfg, **kw)
+
+
+def test_demo_defaults_open_on_the_newest_runs_recurring_task_with_an_entry(wb):
+    """Issue 39: the demo opens on the newest run's env and a recurring task its library holds an entry for."""
+    d = wb.demo_defaults()  # no run yet: the default config's env, recurring, with a line saying why
+    assert d["env"] == "minihack/Room-Ultimate-5x5" and d["task_ids"] and d["max_turns"] == 8
+    assert "no run yet" in d["note"] and "minihack_room_cpu.yaml" in d["note"]
+    if d["mode"] == "expert":  # no embedded policy built in a test's data dir
+        assert d["checkpoint"] == "" and "not built yet" in d["note"]
+    rid = _recurring_run(wb, status="stopped")
+    task = "Dungeon 7: Reach the staircase down (>)."
+    wb.store.add_entries([NewEntry(text="## Title: Where the staircase is\n## Description: d\n## Content: 2 south",
+                                   env="minihack/Room-Ultimate-5x5", task=task, run_id=rid),
+                          NewEntry(text="## Title: Elsewhere\n## Description: d\n## Content: 1 north",
+                                   env="minihack/Room-Ultimate-5x5", task="Dungeon 40: unseen", run_id=rid)],
+                         actor="extractor")
+    d = wb.demo_defaults()
+    assert (d["env"], d["seed"], d["task_ids"], d["max_turns"], d["library"]) == ("minihack/Room-Ultimate-5x5", 7, True, 8,
+                                                                                     "current")
+    assert f"#{rid} dark" in d["note"] and "task 7" in d["note"]
+
+
+def test_demo_defaults_take_the_runs_latest_checkpoint_as_the_policy(wb, tmp_path):
+    if not trainer_available()[0]:
+        pytest.skip("trainer not available")
+    ck = tmp_path / "ck"
+    (ck / "step_000004" / "policy").mkdir(parents=True)
+    (ck / "step_000004" / "policy" / "config.json").write_text("{}")
+    (ck / "latest").write_text("step_000004")
+    rid = _recurring_run(wb, status="finished", checkpoint_dir=str(ck))
+    d = wb.demo_defaults()
+    assert d["mode"] == "policy" and d["checkpoint"] == str(ck / "step_000004")
+    assert f"run #{rid}'s policy" in d["note"]
+
+
+def test_demo_plays_a_recurring_task_with_its_entry(wb):
+    """The expert on task 3 of the recurring dark rooms: the task text names Dungeon 3, the run's turn limit holds,
+    and the library's entry for that dungeon is shown."""
+    from envs.base import instance_task, task_seed
+    from trainers.player import EpisodePlayer
+
+    probe = EpisodePlayer("minihack/Room-Ultimate-5x5", task_seed("minihack/Room-Ultimate-5x5", 3), expert=True,
+                          use_library=False)
+    probe.reset()
+    task = probe.batch.lives[0].ep.traj.task
+    probe.close()
+    wb.store.add_entries([NewEntry(text="## Title: Where the staircase is\n## Description: d\n## Content: go 2 south",
+                                   env="minihack/Room-Ultimate-5x5", task=instance_task("minihack/Room-Ultimate-5x5", 3, task))],
+                         actor="extractor")
+    tok, html_, status = wb.demo_start(None, "expert", "minihack/Room-Ultimate-5x5", 3, "", "current", True, 2)
+    assert "task 3 (recurring): ready" in status and "entry for it is shown" in status, status
+    assert "go 2 south" in html_
+    done = False
+    for _ in range(5):
+        html_, status, done = wb.demo_step(tok)
+        if done:
+            break
+    assert done and int(status.split("after ")[1].split(" turns")[0]) <= 2, status  # the turn limit held

@@ -78,3 +78,13 @@ def test_heavy_endpoints_have_their_own_concurrency(built):
     assert by_name["import_library"].concurrency_limit == 1
     first_paint = [fn for fn in demo.fns.values() if getattr(fn.fn, "__name__", "") == "first_paint"]
     assert [(fn.concurrency_id, fn.concurrency_limit) for fn in first_paint] == [("library_page", 2)]
+
+
+def test_demo_start_keeps_its_parameters_and_adds_the_recurring_task_at_the_end(built):
+    """Issue 39: the demo plays a recurring task (its id, the run's turn limit); a script that passes the six old
+    arguments still works: the new ones come last, with defaults."""
+    _, demo = built
+    ep = demo.get_api_info()["named_endpoints"]["/demo_start"]
+    names = [p["parameter_name"] for p in ep["parameters"]]
+    assert names == ["mode", "env_name", "seed", "checkpoint", "library", "task_ids", "max_turns"]
+    assert all(p["parameter_has_default"] for p in ep["parameters"][-2:])

@@ -14,8 +14,62 @@ from app import views
 from app.service.common import ENV_LOCK, _err, _maybe_id, UserInputError, whole_number
 from core import build_progress
 from core.store import StoreError
+from envs.base import instance_task, task_id_of, task_seed
 from envs.registry import list_envs
 from trainers.player import EpisodePlayer
+from trainers.rollout import EpisodeSpec
+
+# What the demo opens on when no run has been made yet: the default run's config (its recurring dark rooms).
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "minihack_room_cpu.yaml"
+
+
+class TaskPlayer(EpisodePlayer):
+    """An EpisodePlayer on one recurring task (env.task_set): task id N is played as a run plays it, its instance
+    seed and "Dungeon N: ..." in the task text, which keys retrieval; `max_turns` caps the episode as the run's
+    env.max_turns does (0: the env's own limit)."""
+
+    def __init__(self, env_name: str, task_id: int | None, *, max_turns: int = 0, **kw: Any):
+        seed = int(kw.pop("seed", 0))
+        super().__init__(env_name, task_seed(env_name, task_id) if task_id is not None else seed, **kw)
+        self.task_id = task_id
+        self.roller.max_turns = int(max_turns or 0)
+
+    def reset(self) -> dict[str, Any]:
+        if self.task_id is None:
+            return super().reset()
+        spec = EpisodeSpec(self.env_name, self.seed, with_experience=self.manager is not None, group_id=0,
+                           task_id=self.task_id)
+        self.batch = self.roller.begin([(0, spec)], step=0)
+        if self.batch.lives[0].ep.error:
+            raise RuntimeError(self.batch.lives[0].ep.error.splitlines()[0])
+        return self._turn_dict()
+
+    @property
+    def task(self) -> str:
+        """The episode's task text as retrieval sees it ("Dungeon 3: ..." for a recurring task)."""
+        if self.batch is not None:
+            return self.batch.lives[0].ep.traj.task
+        env = self.env
+        return getattr(env, "task", "") if env is not None else ""
+
+
+def _run_settings(run: dict[str, Any]) -> dict[str, Any]:
+    """A run's env (its first), recurring task set and turn limit, read from its stored config (YAML)."""
+    import yaml
+
+    try:
+        cfg = yaml.safe_load(run.get("config") or "") or {}
+    except yaml.YAMLError:
+        cfg = {}
+    env_cfg = cfg.get("env") if isinstance(cfg, dict) and isinstance(cfg.get("env"), dict) else {}
+    names = env_cfg.get("names")
+    names = list(names) if isinstance(names, (dict, list)) else []
+    env = str(names[0]) if names else str(run.get("env") or "").split(",")[0].strip()
+
+    def whole(x: Any) -> int:
+        return x if isinstance(x, int) and not isinstance(x, bool) and x > 0 else 0
+
+    return {"env": env, "task_set": whole(env_cfg.get("task_set")), "max_turns": whole(env_cfg.get("max_turns"))}
 
 @dataclass
 class _Play:
@@ -105,16 +159,79 @@ class DemoPart:
             return "", "the library has no entry for this env"
         return hits[0].text, f"entry #{hits[0].entry_id}, similarity {hits[0].score:.2f} (the expert does not read it)"
 
+    def _run_policy(self, run: dict[str, Any] | None) -> tuple[str | None, str]:
+        """The policy the demo opens on: (model folder, or "" for the default, or None for none; what it is)."""
+        try:
+            importlib.import_module("trainers.models")
+        except Exception:
+            return None, "the trainer's models are not importable here"
+        if run is not None and run.get("checkpoint_dir"):
+            root = Path(run["checkpoint_dir"])
+            marker = root / "latest"
+            step = marker.read_text().strip() if marker.is_file() else ""
+            if step and (root / step / "policy" / "config.json").is_file():
+                return str(root / step), f"run #{run['id']}'s policy at its latest checkpoint ({step})"
+        if self.demo_actor:
+            return "", "the configured demo actor"
+        if build_progress.building(self.data_dir) is None and (self.data_dir / "models" / "policy" / "config.json").is_file():
+            return "", "the embedded default policy"
+        return None, ("the embedded default policy is not built yet (a run builds it; choosing 'policy' and Start builds "
+                      "it here, which takes minutes)")
+
+    def _seen_task(self, run_id: int | None, env: str, task_set: int) -> int | None:
+        """A recurring task that the library holds an entry for (the run's own entries first, then the most successes,
+        the most retrieved, the lowest id): its id, or None when there is none."""
+        page = self.store.list_entries(env=env, sort="successes", descending=True, limit=2000)
+        seen = [(run_id is not None and e.run_id == run_id, e.successes, e.retrieved_count, -tid) for e in page.entries
+                if (tid := task_id_of(e.task)) is not None and (not task_set or tid < task_set)]
+        return -max(seen)[3] if seen else None
+
+    def demo_defaults(self) -> dict[str, Any]:
+        """What the Agent demo opens on: the newest run's env and a recurring task of it that its library holds an
+        entry for, played by that run's policy (else the embedded default if built, else the scripted expert),
+        with the library; with no run yet, the default config's env. `note` says which and why."""
+        runs = self.store.list_runs()
+        run = runs[0] if runs else None
+        envs = self.envs()
+        if run is not None:
+            settings, source = _run_settings(run), f"the newest run, #{run['id']} {run['name']}"
+        else:
+            settings = _run_settings({"config": DEFAULT_CONFIG.read_text() if DEFAULT_CONFIG.is_file() else ""})
+            source = f"no run yet: the default config ({DEFAULT_CONFIG.name})"
+        env = settings["env"] if settings["env"] in envs else ("minihack/Room-5x5" if "minihack/Room-5x5" in envs else
+                                                                (envs[0] if envs else ""))
+        task_ids = bool(settings["task_set"]) and env == settings["env"]
+        seed, task_note = 0, ""
+        if task_ids:
+            seen = self._seen_task(run["id"] if run is not None else None, env, settings["task_set"])
+            if seen is not None:
+                seed, task_note = seen, f"task {seen}, one its library holds an entry for"
+            else:
+                task_note = "task 0 (its library has no entry for any of its tasks yet)"
+        ckpt, who = self._run_policy(run)
+        mode = "policy" if ckpt is not None else "expert"
+        if mode == "expert":
+            who = f"the scripted expert ({who})"
+        where = f"`{env}`" + (f", recurring {task_note}" if task_ids else ", seed 0")
+        turns = f", at most {settings['max_turns']} turns" if settings["max_turns"] and env == settings["env"] else ""
+        note = f"Opens on {source}: {where}{turns}; {who} plays, with the current library. Press Start."
+        return {"mode": mode, "env": env, "seed": seed, "task_ids": task_ids,
+                "max_turns": settings["max_turns"] if env == settings["env"] else 0, "checkpoint": ckpt or "",
+                "library": "current", "note": note}
+
     def demo_start(self, token: str | None, mode: str, env_name: str, seed: Any, checkpoint: str = "",
-                   library: str = "current") -> tuple[str, str, str]:
-        """(session token, episode HTML, status). mode: 'expert' or 'policy'."""
+                   library: str = "current", task_ids: bool = False, max_turns: Any = 0) -> tuple[str, str, str]:
+        """(session token, episode HTML, status). mode: 'expert' or 'policy'. `task_ids`: the seed is a recurring
+        task id ("Dungeon N: ...", as runs with env.task_set name their tasks, which keys retrieval); `max_turns`:
+        the episode's turn limit (0: the env's)."""
         with self._sessions_lock:
             old = self._plays.pop(token, None) if token else None
         if old is not None:
             with ENV_LOCK:
                 old.player.close()
         try:
-            seed_i = whole_number(seed, "the task seed", lo=0)
+            seed_i = whole_number(seed, "the task id" if task_ids else "the task seed", lo=0)
+            turns = whole_number(max_turns, "max turns", lo=0) if max_turns not in (None, "") else 0
         except UserInputError as e:
             return token or "", views.live_episode_html([]), _err(str(e))
         if env_name not in self.envs():
@@ -146,16 +263,17 @@ class DemoPart:
 
                     ensure_models(self.data_dir)
                     ckpt = str(resolve_model_path("embedded:policy", self.data_dir))
-                player = EpisodePlayer(env_name, seed_i, db_url=self.db_url, checkpoint=ckpt,
-                                    use_library=use_library, **extra)
+                player = TaskPlayer(env_name, seed_i if task_ids else None, seed=seed_i, max_turns=turns,
+                                    db_url=self.db_url, checkpoint=ckpt, use_library=use_library, **extra)
                 play = _Play(player, "policy")
             else:
-                player = EpisodePlayer(env_name, seed_i, expert=True, use_library=False)
+                player = TaskPlayer(env_name, seed_i if task_ids else None, seed=seed_i, max_turns=turns, expert=True,
+                                    use_library=False)
                 play = _Play(player, "expert")
             with ENV_LOCK:  # builds the env and resets it (app/service/common.py)
                 first = play.player.reset()
             if mode != "policy" and use_library:
-                task = getattr(player.env, "task", "")
+                task = player.task
                 play.experience, play.note = self._retrieved_for(env_name, task) if task else ("", "")
                 player.experience = play.experience
                 first["experience"] = play.experience
@@ -166,7 +284,11 @@ class DemoPart:
             return token or "", views.live_episode_html([]), _err(f"could not start {env_name}: {type(e).__name__}: {e}")
         token, _ = self._session(self._plays, None, lambda: play)
         who = "the scripted expert" if mode != "policy" else "the policy"
-        return token, views.live_episode_html(play.turns, play.experience, play.note), f"{who} on {env_name}, seed {seed_i}: ready"
+        what = f"task {seed_i} (recurring)" if task_ids else f"seed {seed_i}"
+        shown = ("" if not use_library else "; the library's entry for it is shown" if play.experience
+                 else "; no library entry for it")
+        return (token, views.live_episode_html(play.turns, play.experience, play.note),
+                f"{who} on {env_name}, {what}: ready{shown}")
 
     def demo_step(self, token: str | None) -> tuple[str, str, bool]:
         """(episode HTML, status, done): one more turn of the session's episode."""
