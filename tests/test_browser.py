@@ -17,6 +17,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -155,6 +156,28 @@ def open_entry(page: Page, entry_id: int) -> None:
     expect(page.locator("#entry-loaded")).to_contain_text(f"entry #{entry_id} loaded", timeout=20_000)
 
 
+def choose(page: Page, elem_id: str, value: str) -> None:
+    """Pick a dropdown's option by typing it (as docs/make_screenshots.py does)."""
+    box = page.locator(f"#{elem_id} input").first
+    box.click()
+    box.fill(value)
+    page.wait_for_timeout(300)
+    box.press("ArrowDown")
+    box.press("Enter")
+    expect(box).to_have_value(value, timeout=UI_S)
+
+
+def demo_on(page: Page, mode: str = "expert", env: str = "minihack/Room-5x5", seed: int = 0) -> None:
+    """The demo on a chosen env seed (it opens on the newest run's recurring task: issue 39)."""
+    tab(page, "Agent demo")
+    expect(page.locator("#demo-defaults")).to_contain_text("Opens on", timeout=UI_S)  # the page's first paint is done
+    page.locator("#demo-mode label", has_text="scripted expert" if mode == "expert" else "policy").click()
+    choose(page, "demo-env", env)
+    page.locator("#demo-seed input").fill(str(seed))
+    page.locator("#demo-task-ids input").uncheck()
+    page.locator("#demo-turns input").fill("0")
+
+
 def add_entry(app: App, text: str, **kw) -> int:
     return app.store.add_entries([NewEntry(text=text, env=kw.pop("env", "minihack/Room-5x5"), task=kw.pop("task", "reach"),
                                            **kw)], actor="extractor")[0]
@@ -241,7 +264,7 @@ def test_import_of_a_bad_file_names_the_line(app, page, request, tmp_path):
 
 
 def test_demo_plays_an_expert_episode(page, request):
-    tab(page, "Agent demo")
+    demo_on(page)
     page.locator("#demo-start").click()
     expect(page.locator("#demo-status")).to_contain_text("ready", timeout=60_000)
     expect(page.locator("#demo-episode")).to_contain_text("turn 0")
@@ -592,7 +615,7 @@ def test_runs_rows_stay_one_line(app, page, request):
 
 
 def test_episode_view_is_a_step_slider(page, request):
-    tab(page, "Agent demo")
+    demo_on(page)
     page.locator("#demo-start").click()
     expect(page.locator("#demo-status")).to_contain_text("ready", timeout=UI_S)
     for n in range(1, 4):
@@ -629,6 +652,132 @@ def test_the_log_tail_follows_the_end(app, page, request):
     page.wait_for_function("() => { const t = document.querySelector('#run-log textarea');"
                            " return t && t.scrollHeight > t.clientHeight && t.scrollTop + t.clientHeight >= t.scrollHeight - 4; }",
                            timeout=UI_S)
+
+
+# -- issue 39: the first screens ---------------------------------------------------------------------------------
+
+# Every word of every header lies on one line inside its column (none cut, none broken inside: "succes ses",
+# "succes..."): the header's words measured with a Range, each one rectangle within its header cell.
+HEADERS_WHOLE_JS = """(id) => { const bad = [];
+  for (const th of document.querySelectorAll('#' + id + ' thead th')) {
+    const span = th.querySelector('.header.text'); if (!span) continue;
+    const box = (th.querySelector('.header-content') || th).getBoundingClientRect();
+    const node = [...span.childNodes].find(n => n.nodeType === 3); if (!node) continue;
+    let at = 0;
+    for (const word of node.textContent.split(' ')) {
+      const r = document.createRange(); r.setStart(node, at); r.setEnd(node, at + word.length); at += word.length + 1;
+      const rects = [...r.getClientRects()].filter(x => x.width > 0);
+      if (rects.length !== 1 || rects[0].right > box.right + 1 || rects[0].left < box.left - 1) bad.push(word);
+    } }
+  return bad; }"""
+
+
+def _fresh_page(app: App, browser) -> tuple[Any, Page]:
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = ctx.new_page()
+    page.goto(app.url)
+    page.wait_for_selector("#runs-table", timeout=UI_S)
+    return ctx, page
+
+
+def test_the_library_table_shows_each_entrys_claim_under_whole_headers(app, browser, request):
+    """A run's entries share one title ("Where the staircase is"): the table shows what each says, shortened, under
+    headers whose words are whole."""
+    from core.types import format_entry_text
+
+    claims = [f"The staircase down (>) was {n} south and 1 east of your starting square; from the start, head south."
+              for n in (2, 3)]
+    ids = [add_entry(app, format_entry_text("Where the staircase is", "Reaching the staircase down", c),
+                     env="minihack/Room-Ultimate-5x5", task=f"Dungeon {n}: reach the staircase down")
+           for n, c in zip((12, 13), claims)]
+    ctx, page = _fresh_page(app, browser)
+    try:
+        tab(page, "Library")
+        page.locator("#lib-desc input").check()  # newest first: these two on the first page
+        for c in claims:
+            expect(page.locator("#library-table")).to_contain_text(c, timeout=UI_S)
+        row = page.locator("#library-table .virtual-row", has_text=claims[0]).first
+        expect(row).to_contain_text("Where the staircase is")
+        assert page.evaluate(HEADERS_WHOLE_JS, "library-table") == []
+        for word in ("retrieved", "trained", "success", "claim", "content"):
+            expect(page.locator("#library-table thead")).to_contain_text(word)
+        shot(page, request, "library-claims")
+        assert app.store.get(ids[0]).text.endswith(claims[0])
+    finally:
+        ctx.close()
+
+
+def test_the_runs_table_shows_its_figures_whole(app, browser, request):
+    rid = app.store.create_run("figures-whole", variant="complementary", env="minihack/Room-Ultimate-5x5", status="stopped")
+    app.store.update_run(rid, step=1234, device="cpu", started_at=time.time())
+    app.store.log_metrics(rid, 1234, {"policy/success_with_exp": 0.71875, "policy/success_without_exp": 0.40625})
+    ctx, page = _fresh_page(app, browser)
+    try:
+        row = page.locator("#runs-table .virtual-row", has_text="figures-whole").first
+        expect(row).to_contain_text("0.72", timeout=UI_S)
+        expect(row).to_contain_text("0.41")
+        # the variant, env, step, both success figures, the start time and the device: nothing cut (no ellipsis)
+        cut = page.evaluate("""(name) => { const row = [...document.querySelectorAll('#runs-table .virtual-row')]
+            .find(r => r.textContent.includes(name));
+          return [...row.querySelectorAll('td')].slice(2).filter((td, i) => i !== 2)
+            .filter(td => td.scrollWidth > td.clientWidth + 1).map(td => td.textContent.trim()); }""", "figures-whole")
+        assert cut == []
+        assert page.evaluate(HEADERS_WHOLE_JS, "runs-table") == []
+        shot(page, request, "runs-figures")
+    finally:
+        ctx.close()
+
+
+def test_the_demo_opens_on_the_newest_runs_recurring_task_and_shows_its_entry(app, browser, request, tmp_path):
+    """The Agent demo opens on the newest run's env and a recurring task its library holds an entry for, played by
+    the run's policy (its latest checkpoint; without the trainer, the scripted expert, saying why), with the library:
+    the first Start shows that entry."""
+    import shutil
+
+    from envs.base import instance_task, task_seed
+    from trainers.player import EpisodePlayer
+
+    env = "minihack/Room-Ultimate-5x5"
+    probe = EpisodePlayer(env, task_seed(env, 5), expert=True, use_library=False)
+    probe.reset()
+    task = instance_task(env, 5, probe.batch.lives[0].ep.traj.task)  # the task text a run gives Dungeon 5
+    probe.close()
+    cfg = f"run:\n  name: dark-rooms\nenv:\n  names: {{{env}: 1.0}}\n  max_turns: 8\n  task_set: 16\n"
+    ck = tmp_path / "checkpoints"
+    policy = _trainer()
+    if policy:  # the run's latest checkpoint holds a policy (the tiny model)
+        shutil.copytree(request.getfixturevalue("tiny_model"), ck / "step_000002" / "policy")
+        (ck / "step_000002" / "state.pt").write_bytes(b"")
+        (ck / "latest").write_text("step_000002")
+    rid = app.store.create_run("dark-rooms", variant="complementary", env=env, config=cfg, status="stopped",
+                               checkpoint_dir=str(ck) if policy else "")
+    claim = "The staircase down (>) was 2 south and 1 east of your starting square; from the start, head south."
+    app.store.add_entries([NewEntry(text=f"## Title: Where the staircase is\n## Description: d\n## Content: {claim}",
+                                    env=env, task=task, run_id=rid)], actor="extractor")
+    ctx, page = _fresh_page(app, browser)
+    try:
+        tab(page, "Agent demo")
+        expect(page.locator("#demo-defaults")).to_contain_text(f"#{rid} dark-rooms", timeout=UI_S)
+        expect(page.locator("#demo-defaults")).to_contain_text("task 5")
+        expect(page.locator("#demo-env input")).to_have_value(env)
+        expect(page.locator("#demo-seed input")).to_have_value("5")
+        expect(page.locator("#demo-task-ids input")).to_be_checked()
+        expect(page.locator("#demo-turns input")).to_have_value("8")
+        who = "policy" if policy else "expert"
+        expect(page.locator(f"#demo-mode input[value={who}]")).to_be_checked()
+        if policy:
+            expect(page.locator("#demo-ckpt input, #demo-ckpt textarea").first).to_have_value(str(ck / "step_000002"))
+            expect(page.locator("#demo-defaults")).to_contain_text(f"run #{rid}'s policy")
+        else:
+            expect(page.locator("#demo-defaults")).to_contain_text("scripted expert")
+        shot(page, request, "demo-opens")
+        page.locator("#demo-start").click()
+        expect(page.locator("#demo-status")).to_contain_text("task 5 (recurring): ready", timeout=SLOW_S)
+        expect(page.locator("#demo-status")).to_contain_text("entry for it is shown")
+        expect(page.locator("#demo-episode")).to_contain_text(claim)
+        shot(page, request, "demo-entry")
+    finally:
+        ctx.close()
 
 
 @needs_trainer
