@@ -111,7 +111,7 @@ def test_entry_checker_on_hand_made_entries():
         assert checker.verdict(ENV, task, wrong) == "wrong"
         assert checker.verdict(ENV, task, vague) == "no_claim"
         assert checker.verdict(ENV, "Reach the staircase.", right) == "unknown"  # no instance id: not checkable
-        assert checker.verdict("alfworld/pick_and_place", task, right) == "unknown"  # no checker for that env
+        assert checker.verdict("webshop", task, right) == "unknown"  # no checker for that env
         assert correct_share(["right", "wrong", "no_claim", "unknown"]) == pytest.approx(1 / 3)
         assert correct_share(["unknown"]) is None
     finally:

@@ -310,7 +310,7 @@ class EntryAudit:
     def __init__(self, cfg: RunConfig, store, run_id: int | None):
         self.cfg, self.store, self.run_id = cfg, store, run_id
         self.envs = [e for e in cfg.env.names if EntryChecker.supports(e)]
-        self.checker = EntryChecker()
+        self.checker = EntryChecker(options=cfg.env.options)  # e.g. an ALFWorld split: the households the run plays
         self.last_id = 0
 
     @staticmethod

@@ -24,7 +24,8 @@ receptacles in order of the placement prior, which is what an experience entry w
 `prior_hint(object_type)` phrases that prior as one sentence.
 
 Split by job: `generation` (task types, priors, instances), `pddl` (game files, generated and official),
-`speedups` (engine memoisation, fast-downward library pool), `env` (`AlfworldEnv`), `expert`; this module
+`speedups` (engine memoisation, fast-downward library pool), `env` (`AlfworldEnv`), `expert`, `claims` (what an
+entry says of a recurring household, and the household's placements: the entry checker's half); this module
 re-exports their public names (and the few private ones the tests read), so `envs.alfworld.X` keeps working.
 """
 from __future__ import annotations
@@ -39,6 +40,7 @@ from envs.alfworld.pddl import _pddl_id, default_cache_dir, game_json, instance_
 from envs.alfworld.speedups import _LIB_POOL
 from envs.alfworld.env import _listing, AlfworldEnv, normalise_action, WorldView
 from envs.alfworld.expert import alfworld_expert
+from envs.alfworld.claims import claimed_location, claimed_locations, household_facts, location_verdict
 
 
 def make_alfworld(task_type: str = "all", **options: Any) -> AlfworldEnv:
@@ -47,7 +49,8 @@ def make_alfworld(task_type: str = "all", **options: Any) -> AlfworldEnv:
 
 
 __all__ = [
-    "ACTION_FORMAT", "alfworld_expert", "ALFWORLD_TASK_NAMES", "AlfworldEnv", "ASSET_DIR", "default_cache_dir",
+    "ACTION_FORMAT", "alfworld_expert", "ALFWORLD_TASK_NAMES", "AlfworldEnv", "ASSET_DIR", "claimed_location",
+    "claimed_locations", "default_cache_dir", "household_facts", "location_verdict",
     "game_json", "generate_instance", "Goal", "Instance", "instance_to_pddl", "load_priors", "make_alfworld",
     "normalise_action", "ObjectSpec", "official_game_files", "prior_hint", "Priors", "PRIORS_PATH", "SceneSpec",
     "SPLIT_DIRS", "TASK_TYPES", "TaskSpec", "WorldView", "write_game"

@@ -171,11 +171,20 @@ class AlfworldEnv:
                     return game
             raise EnvError(f"none of the {n} ALFWorld games for {self.name} is marked solvable; "
                            "regenerate them with `alfworld-generate`")
-        task_type = self.task_types[random.Random(f"comprl-alfworld/type/{seed}").randrange(len(self.task_types))]
-        inst = generate_instance(task_type, seed, self.priors)
+        inst = self.instance_for(seed)
         self.instance = inst
         self.goal = inst.goal
         return write_game(inst, self.cache_dir)
+
+    def instance_for(self, seed: int) -> Instance:
+        """The generated household `reset(seed=seed)` plays (its task type drawn from the seed under alfworld/all), a
+        pure function of the seed: what a checker reads a household's initial placements from without the engine."""
+        if self.official_games is not None:
+            raise EnvError(f"{self.name} plays official ALFWorld games (split={self.split!r}); only generated "
+                           "households have an Instance")
+        seed = int(seed)
+        task_type = self.task_types[random.Random(f"comprl-alfworld/type/{seed}").randrange(len(self.task_types))]
+        return generate_instance(task_type, seed, self.priors)
 
     def _solvable(self, game: Path) -> bool:
         if game not in self._solvable_memo:

@@ -1,0 +1,179 @@
+"""Recurring ALFWorld households (env.task_set on an alfworld/ env): the same machinery as MiniHack's dungeons
+(tests/test_recurring.py): task id k is one fixed household whose identity is in the task text ("Household 17: put a
+watch in safe."), seen ids are trained on and unseen ones evaluated apart, and the entry checker scores an entry's
+"the watch is in drawer 3" against the household's initial placements (envs/alfworld/claims.py)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+pytest.importorskip("textworld")
+pytest.importorskip("alfworld")
+
+from core.types import format_entry_text  # noqa: E402
+from envs.base import instance_task, task_id_of, task_seed  # noqa: E402
+
+ENV = "alfworld/pick_and_place"
+ALL = "alfworld/all"
+
+
+def _entry(content: str, household: int) -> str:
+    return format_entry_text("Where the object is", f"Household {household}", content)
+
+
+def test_same_id_same_household_and_its_identity_in_the_task_text(tmp_path):
+    """Id k fixes the household: the checker's view (the generated instance) is the same in a fresh checker, and the
+    engine's first state of reset(task_seed(env, k)) holds exactly those placements, twice over; the task text the
+    query is built from names the household."""
+    from envs.entry_check import EntryChecker
+    from envs.registry import make_env
+
+    a, b = EntryChecker(), EntryChecker()
+    try:
+        facts = [a.facts(ENV, k) for k in range(6)]
+        assert facts == [b.facts(ENV, k) for k in range(6)]
+        assert len({(f["task"], tuple(sorted(f["placements"].items()))) for f in facts}) == 6  # six households
+    finally:
+        a.close()
+        b.close()
+    env = make_env(ENV, cache_dir=tmp_path, max_turns=10)
+    try:
+        for k in (0, 3):
+            obs, _ = env.reset(seed=task_seed(ENV, k))
+            assert env.world.where == facts[k]["placements"]  # the game starts as the checker reads it
+            assert env.task == facts[k]["task"] + "."
+            task = instance_task(ENV, k, env.task)
+            assert task == f"Household {k}: {facts[k]['task']}." and task_id_of(task) == k
+            again, _ = env.reset(seed=task_seed(ENV, k))
+            assert again == obs and instance_task(ENV, k, env.task) == task
+    finally:
+        env.close()
+
+
+def test_task_set_draws_seen_households_and_evaluation_keeps_the_unseen_apart():
+    from envs.pool import TaskMixture
+    from trainers.config import load_run_config
+    from trainers.cotrain import EntryAudit, make_specs
+    from trainers.evaluate import task_sets
+
+    cfg = load_run_config({"env": {"names": {ENV: 1.0}, "task_set": 6, "max_turns": 20},
+                           "rollout": {"tasks_per_step": 3, "group_size": 4}})
+    mixture, rng = TaskMixture(cfg.env.names, seed=0), random.Random(0)
+    drawn: dict[int, set[int]] = {}
+    for step in range(1, 31):
+        for s in make_specs(cfg, mixture, rng, step):
+            assert s.env == ENV and s.seed == task_seed(ENV, s.task_id)
+            drawn.setdefault(s.task_id, set()).add(s.seed)
+    assert set(drawn) == set(range(6)) and all(len(v) == 1 for v in drawn.values())
+    (_, seen), (tag, unseen) = task_sets(6, 8)
+    assert seen == list(range(6)) and tag == "unseen_" and unseen == list(range(6, 14))
+    assert not set(unseen) & set(drawn)
+    assert EntryAudit.applies(cfg)  # library/entry_correct_share is logged on this config
+
+
+def test_claimed_location_reads_the_entry_format_and_common_phrasings():
+    from envs.alfworld import claimed_location, claimed_locations
+
+    full = _entry("In household 17 the watch is in drawer 3.", 17)
+    assert claimed_location(full, "watch") == "drawer 3" and claimed_location(full) == "drawer 3"
+    for text, where in [
+        ("The watch is in drawer 3.", "drawer 3"),
+        ("Watch 2 was on top of dresser 1; take it.", "dresser 1"),
+        ("the watches are usually in the drawer 3", "drawer 3"),
+        ("You will find the watch on sidetable 2.", "sidetable 2"),
+        ("I found a watch 1 in safe 1 after opening it.", "safe 1"),
+        ("take watch 1 from drawer 3, then go to safe 1", "drawer 3"),
+        ("Drawer 3 contains the watch.", "drawer 3"),
+        ("Look in drawer 3 for the watch.", "drawer 3"),
+        ("go to drawer 3, open it, take watch 1", "drawer 3"),
+        ("## Title: Watch\n## Description: Household 4\n## Content: The watch can be found in Drawer 3.", "drawer 3"),
+    ]:
+        assert claimed_location(text, "watch") == where, text
+    for text in ["Watches are usually in a drawer (60%); look there first.",  # the prior: no claim about a household
+                 "The watch is not in drawer 3.", "Household 17: put a watch in safe.", "Open every drawer.",
+                 "The pen is in drawer 3."]:  # another object
+        assert claimed_location(text, "watch") is None, text
+    assert claimed_locations("The pen is in drawer 3 and the watch is on desk 1.", ["watch", "pen"]) == [
+        ("pen", "drawer 3"), ("watch", "desk 1")]
+    assert claimed_location("The tomatoes are in fridge 1.", "tomato") == "fridge 1"  # the priors' plural
+
+
+def test_entry_checker_scores_entries_built_from_a_households_placements():
+    """For households of every task type (alfworld/all draws the type from the seed): an entry naming a receptacle
+    the task's object starts in is right, one naming a receptacle of the household that holds none is wrong, the
+    placement prior and a vague tip claim nothing, and without a household id nothing is checkable."""
+    from envs.alfworld import prior_hint
+    from envs.entry_check import EntryChecker, correct_share
+
+    checker = EntryChecker()
+    try:
+        kinds = set()
+        for k in range(12):
+            f = checker.facts(ALL, k)
+            kinds.add(f["task_type"])
+            task = instance_task(ALL, k, f["task"] + ".")
+            obj = f["object"]
+            there = f["targets"][obj]
+            elsewhere = [r for r in f["receptacles"] if r not in there]
+            assert there and elsewhere
+            right = _entry(f"In household {k} the {obj} is in {there[0]}.", k)
+            wrong = _entry(f"The {obj} is in {elsewhere[0]}.", k)
+            assert checker.verdict(ALL, task, right) == "right", (k, f)
+            assert checker.verdict(ALL, task, wrong) == "wrong", (k, f)
+            assert checker.verdict(ALL, task, _entry(f"take {obj} 1 from {there[-1]}", k)) == "right"
+            assert checker.verdict(ALL, task, _entry(f"{right} Then the {obj} was on {elsewhere[0]}.", k)) == "wrong"
+            assert checker.verdict(ALL, task, _entry(prior_hint(obj), k)) == "no_claim"  # the prior: type-level
+            assert checker.verdict(ALL, task, _entry("Open receptacles before looking inside.", k)) == "no_claim"
+            assert checker.verdict(ALL, f["task"], right) == "unknown"  # no household id
+            if f["light"]:  # look_at_obj_in_light: where the lamp stands is a claim too
+                lamp = f["targets"][f["light"]][0]
+                assert checker.verdict(ALL, task, _entry(f"The {f['light']} is on {lamp}.", k)) == "right"
+        assert len(kinds) >= 4
+        assert correct_share(["right", "wrong", "no_claim"]) == pytest.approx(1 / 3)
+    finally:
+        checker.close()
+
+
+def test_entry_audit_logs_the_correct_share_on_an_alfworld_library(tmp_path):
+    """library/entry_correct_share on recurring households: two right entries and one wrong, unchanged EntryAudit."""
+    from core.store import ExperienceStore, NewEntry
+    from core.types import Source
+    from envs.entry_check import EntryChecker
+    from trainers.config import load_run_config
+    from trainers.cotrain import EntryAudit
+
+    store = ExperienceStore(f"sqlite:///{tmp_path / 'w.db'}")
+    checker = EntryChecker()
+    new = []
+    for k in range(3):
+        f = checker.facts(ENV, k)
+        obj = f["object"]
+        where = f["targets"][obj][0] if k < 2 else next(r for r in f["receptacles"] if r not in f["targets"][obj])
+        task = instance_task(ENV, k, f["task"] + ".")
+        new.append(NewEntry(text=_entry(f"In household {k} the {obj} is in {where}.", k), env=ENV, task=task,
+                            query=task, source=Source.MANUAL))
+    new.append(NewEntry(text=_entry("Search every receptacle.", 4), env=ENV, task=instance_task(ENV, 4, "x."),
+                        query="x", source=Source.MANUAL))  # no claim, but checkable: counts against the share
+    new.append(NewEntry(text=_entry("The pen is in desk 1.", 9), env=ENV, task=instance_task(ENV, 9, "x."),
+                        query="x", source=Source.MANUAL))  # an unseen household: not the library's seen share
+    checker.close()
+    store.add_entries(new, actor="test")
+    cfg = load_run_config({"env": {"names": {ENV: 1.0}, "task_set": 6}})
+    audit = EntryAudit(cfg, store, None)
+    try:
+        m = audit.metrics()
+    finally:
+        audit.close()
+        store.close()
+    assert m["library/entry_correct_share"] == pytest.approx(2 / 4)
+    assert m["library/entry_claim_share"] == pytest.approx(3 / 4)
+
+
+def test_recurring_config_loads():
+    from pathlib import Path
+
+    from trainers.config import load_run_config
+
+    cfg = load_run_config(Path(__file__).resolve().parents[1] / "configs" / "alfworld_recurring_cpu.yaml")
+    assert cfg.env.task_set > 0 and all(n.startswith("alfworld/") for n in cfg.env.names)
