@@ -177,3 +177,63 @@ def test_recurring_config_loads():
 
     cfg = load_run_config(Path(__file__).resolve().parents[1] / "configs" / "alfworld_recurring_cpu.yaml")
     assert cfg.env.task_set > 0 and all(n.startswith("alfworld/") for n in cfg.env.names)
+
+
+@pytest.mark.slow
+def test_a_one_step_run_on_recurring_households_logs_the_correct_share(tmp_path):
+    """`comprl train` for one step on 3 households with a library seeded by hand (two right entries, one wrong): the
+    trajectories name their household, training and seen evaluation play ids 0-2 and unseen evaluation ids 3-4, and
+    library/entry_correct_share reaches the store."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from core.store import ExperienceStore, NewEntry
+    from core.types import Source
+    from envs.alfworld import ACTION_FORMAT
+    from envs.entry_check import EntryChecker
+    from trainers import prompts as P
+    from trainers.models import build_tiny_qwen2, build_tokenizer, save_model_folder
+
+    models = tmp_path / "models"
+    tok = build_tokenizer([P.ACTOR_SYSTEM, P.ACTOR_USER, P.EXTRACTOR_USER, ACTION_FORMAT] * 30, vocab_size=400)
+    for name in ("policy", "extractor"):
+        save_model_folder(build_tiny_qwen2(tok, hidden=32, layers=1, heads=2, kv_heads=1, seed=1), tok, models / name)
+    data = tmp_path / "data"
+    data.mkdir()
+    store = ExperienceStore(f"sqlite:///{data / 'workbench.db'}")
+    checker = EntryChecker()
+    entries = []
+    for k in range(3):
+        f = checker.facts(ENV, k)
+        obj = f["object"]
+        where = f["targets"][obj][0] if k < 2 else next(r for r in f["receptacles"] if r not in f["targets"][obj])
+        task = instance_task(ENV, k, f["task"] + ".")
+        entries.append(NewEntry(text=_entry(f"In household {k} the {obj} is in {where}.", k), env=ENV, task=task,
+                                query=task, source=Source.MANUAL))
+    checker.close()
+    store.add_entries(entries, actor="test")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"""
+run: {{name: households, variant: complementary, max_steps: 1, eval_episodes: 2, checkpoint_every: 1, threads: 1, deterministic: true}}
+env: {{names: {{{ENV}: 1.0}}, max_turns: 2, task_set: 3, options: {{cache_dir: {tmp_path / 'alfworld-cache'}}}}}
+actor: {{path: {models / 'policy'}, max_new_tokens: 4}}
+rollout: {{tasks_per_step: 2, group_size: 2, with_experience: 1}}
+extractor: {{model: {{path: {models / 'extractor'}, max_new_tokens: 24}}, buffer_size: 4, merge_every: 0}}
+library: {{manager: {{task_scope: true}}}}
+""")
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.run([sys.executable, "-m", "app.cli", "train", str(cfg), "--data-dir", str(data)], cwd=root,
+                       env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout + p.stderr
+    run = store.list_runs()[0]
+    m = store.latest_metrics(run["id"])
+    assert m["library/entry_correct_share"] == pytest.approx(2 / 3)  # the random extractor wrote nothing that parses
+    for key in ("eval/success_with_exp", "eval/success_without_exp", "eval/success_unseen_with_exp",
+                "eval/success_unseen_without_exp"):
+        assert key in m, key
+    tasks = {t["task"] for t in store.list_trajectories(run_id=run["id"])}
+    assert tasks and all(t.startswith("Household ") for t in tasks)
+    assert {task_id_of(t) for t in tasks} <= {0, 1, 2, 3, 4}
+    store.close()
