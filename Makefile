@@ -5,6 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 TORCH   := torch==2.13.0
 DATA    ?= ./comprl_data
+PORT    ?= 7860
 
 .PHONY: setup run test test-fast bench chromium llama-server clean
 
@@ -27,7 +28,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: setup
-	HF_HUB_OFFLINE=1 $(BIN)/comprl app --demo --data-dir $(DATA)
+	HF_HUB_OFFLINE=1 $(BIN)/comprl app --demo --data-dir $(DATA) --port $(PORT)
 
 # Optional: llama.cpp's OpenAI-compatible server (compiled from source: about 7 minutes on 2 cores; portable CPU flags,
 # a -march=native build crashed on every multi-token prompt here). tests/test_llama_server.py uses vLLM's server by
