@@ -81,3 +81,22 @@ def paired_outcomes(a: dict, b: dict) -> dict[str, int]:
         x, y = bool(a[k]), bool(b[k])
         out["both" if x and y else "a_only" if x else "b_only" if y else "neither"] += 1
     return out
+
+
+# After a weight sync the rollout engine and the learner score the same tokens (trainers/backends/common.py
+# checked_sync_metrics). A synced engine is within float noise (measured on the CPU: 1e-6 in float32, about 0.05 in
+# bf16 on a GPU); past this the sync most likely missed a tensor, and rollouts sample from another policy. The run's
+# log and the Runs tab warn with the same threshold.
+SYNC_GAP_WARN = 0.5
+
+
+def sync_warning(metrics: dict[str, float]) -> str | None:
+    """A one-line warning when a run's latest sync gap (actor or extractor) passes SYNC_GAP_WARN, else None."""
+    worst = [(k, v) for k, v in metrics.items()
+             if k in ("sync/logprob_gap_max", "sync/extractor_logprob_gap_max") and v is not None and v > SYNC_GAP_WARN]
+    if not worst:
+        return None
+    key, gap = max(worst, key=lambda kv: kv[1])
+    who = "extractor" if "extractor" in key else "actor"
+    return (f"weight sync ({who}): the engine's log-probs differ from the learner's by up to {gap:.2f} nats "
+            f"(> {SYNC_GAP_WARN}): rollouts may not come from the trained weights")

@@ -281,3 +281,18 @@ def test_entries_table_shows_each_entrys_claim_shortened():
     assert len(df.iloc[1]["content"]) <= views.CONTENT_CHARS
     assert sum(float(w.rstrip("%")) for w in views.ENTRY_COLUMN_WIDTHS) == pytest.approx(100)
     assert sum(float(w.rstrip("%")) for w in views.RUN_COLUMN_WIDTHS) == pytest.approx(100)
+
+
+def test_a_sync_gap_past_the_threshold_is_a_warning_on_the_runs_tab():
+    from core.metrics import SYNC_GAP_WARN, sync_warning
+
+    runs = [{"id": 3, "name": "r", "variant": "grpo", "env": "minihack/Room-5x5", "status": "running", "step": 12,
+             "started_at": time.time(), "device": "cpu", "backend": "vllm"}]
+    ok = {"sync/logprob_gap_max": 1e-6, "sync/extractor_logprob_gap_max": 0.01}
+    bad = {**ok, "sync/extractor_logprob_gap_max": SYNC_GAP_WARN + 1.2}
+    assert sync_warning(ok) is None and sync_warning({}) is None
+    assert views.runs_table(runs, {3: ok}).iloc[0]["status"] == "running"
+    assert views.runs_table(runs, {3: bad}).iloc[0]["status"] == "running · sync warning"
+    md = views.run_details_md({**runs[0], "parent_run_id": None, "log_path": "", "error": "", "ended_at": None}, [], None, bad)
+    assert "weight sync (extractor)" in md and "1.70 nats" in md
+    assert "weight sync" not in views.run_details_md({**runs[0], "parent_run_id": None}, [], None, ok)

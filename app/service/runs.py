@@ -277,7 +277,7 @@ class RunsPart:
             return _err(str(e))
         r = self.store.get_run(rid)
         children = [x["id"] for x in self.store.list_runs() if x.get("parent_run_id") == rid]
-        return views.run_details_md(r, children, self.build_state())
+        return views.run_details_md(r, children, self.build_state(), self.store.latest_metrics(rid))
 
     def start_demo_run(self, config_name: str = "minihack_room_cpu.yaml") -> str:
         """`comprl app --demo`: start the CPU default run unless one is already running."""

@@ -10,6 +10,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
+from core.metrics import sync_warning
 from core.types import Experience, entry_content, entry_title
 
 
@@ -68,15 +69,20 @@ def runs_table(runs: Sequence[dict[str, Any]], latest: dict[int, dict[str, float
     rows = []
     for r in runs:
         m = latest.get(r["id"], {})
-        rows.append([r["id"], _one_line(r["name"], 40), r["variant"], _one_line(r["env"], 36), run_status(r, build), r["step"],
+        status = run_status(r, build) + (" · sync warning" if sync_warning(m) else "")  # the details say which
+        rows.append([r["id"], _one_line(r["name"], 40), r["variant"], _one_line(r["env"], 36), status, r["step"],
                      fmt_rate(m.get("policy/success_with_exp")), fmt_rate(m.get("policy/success_without_exp")),
                      fmt_short_time(r["started_at"]), _one_line(r.get("device") or "", 8)])
     return pd.DataFrame(rows, columns=RUN_COLUMNS)
 
 
-def run_details_md(r: dict[str, Any], children: Sequence[int], build: dict[str, Any] | None) -> str:
+def run_details_md(r: dict[str, Any], children: Sequence[int], build: dict[str, Any] | None,
+                   latest: dict[str, float] | None = None) -> str:
     lines = [f"**run #{r['id']} {html.escape(r['name'])}** · {r['variant']} · `{html.escape(r['env'])}` · **{r['status']}** "
              f"at step {r['step']}"]
+    warning = sync_warning(latest or {})
+    if warning:
+        lines.append(f"⚠ {html.escape(warning)}")
     if r.get("parent_run_id") is not None:
         lines.append(f"fork of run **#{r['parent_run_id']}** (started from its latest checkpoint)")
     if children:

@@ -12,6 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from core.metrics import SYNC_GAP_WARN
 from trainers.backends.choices import ActionChoice
 
 PREFIX_CACHE_MIN = 16  # shared prompt tokens below which running them once saves less than the extra call (sampler and learner)
@@ -111,11 +112,6 @@ def error_line(e: BaseException) -> str:
     """An exception as one line for a run's log: its type and the first line of its message."""
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0][:300]}" if text else type(e).__name__
-
-
-# A synced engine scores a token within float noise of the learner (measured on the CPU: 1e-6 in float32, about 0.05
-# in bf16 on a GPU); past this the sync most likely missed a tensor, and rollouts sample from another policy.
-SYNC_GAP_WARN = 0.5
 
 
 def sync_gap(engine: Any, learner: Any, sequences: Sequence[Sequence[int]], *, n: int = 4) -> dict[str, float]:
