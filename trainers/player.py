@@ -24,7 +24,10 @@ class EpisodePlayer:
     def __init__(self, env_name: str, seed: int, *, db_url: str = "", checkpoint: str = "", use_library: bool = True,
                  max_new_tokens: int = 24, search_and_ask: int | None = None, history_turns: int | None = None,
                  history_chars: int | None = None, prompt_style: str = "compact", actor: Any = None,
-                 constrain_actions: bool = False, expert: bool = False):
+                 constrain_actions: bool = False, expert: bool = False, task_id: int | None = None, max_turns: int = 0):
+        """`task_id`: a recurring task (env.task_set) played as a run plays it, "Dungeon N: ..." in its task text, which
+        keys retrieval (`seed` is then that task's instance seed); `max_turns` caps the episode as env.max_turns does
+        (0: the env's own limit)."""
         from trainers.config import ModelSection, RolloutSection
 
         if not expert and actor is None:
@@ -41,13 +44,22 @@ class EpisodePlayer:
         self.roller = Roller(None if expert else actor, self.pool, self.manager, rollout_cfg=rc,
                              actor_cfg=ModelSection(max_new_tokens=max_new_tokens, temperature=0.0),
                              tool_fn=self._answer if self.manager is not None else None)
-        self.env_name, self.seed = env_name, seed
+        self.roller.max_turns = int(max_turns or 0)
+        self.env_name, self.seed, self.task_id = env_name, seed, task_id
         self.batch: Batch | None = None
 
     @property
     def env(self) -> Any:
         """The slot's env (after reset)."""
         return self.pool.envs.get(0)
+
+    @property
+    def task(self) -> str:
+        """The episode's task text as retrieval sees it ("Dungeon 3: ..." for a recurring task)."""
+        if self.batch is not None:
+            return self.batch.lives[0].ep.traj.task
+        env = self.env
+        return getattr(env, "task", "") if env is not None else ""
 
     @property
     def experience(self) -> str:
@@ -64,7 +76,8 @@ class EpisodePlayer:
         return bool(self.batch and self.batch.lives[0].done)
 
     def reset(self) -> dict[str, Any]:
-        spec = EpisodeSpec(self.env_name, self.seed, with_experience=self.manager is not None, group_id=0)
+        spec = EpisodeSpec(self.env_name, self.seed, with_experience=self.manager is not None, group_id=0,
+                           task_id=self.task_id)
         self.batch = self.roller.begin([(0, spec)], step=0)
         if self.batch.lives[0].ep.error:  # the env could not start here (missing data, Docker): say why
             raise RuntimeError(self.batch.lives[0].ep.error.splitlines()[0])

@@ -17,7 +17,6 @@ from core.store import StoreError
 from envs.base import instance_task, task_id_of, task_seed
 from envs.registry import list_envs
 from trainers.player import EpisodePlayer
-from trainers.rollout import EpisodeSpec
 
 # What the demo opens on when no run has been made yet: the default run's config (its recurring dark rooms).
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "minihack_room_cpu.yaml"
@@ -30,27 +29,8 @@ class TaskPlayer(EpisodePlayer):
 
     def __init__(self, env_name: str, task_id: int | None, *, max_turns: int = 0, **kw: Any):
         seed = int(kw.pop("seed", 0))
-        super().__init__(env_name, task_seed(env_name, task_id) if task_id is not None else seed, **kw)
-        self.task_id = task_id
-        self.roller.max_turns = int(max_turns or 0)
-
-    def reset(self) -> dict[str, Any]:
-        if self.task_id is None:
-            return super().reset()
-        spec = EpisodeSpec(self.env_name, self.seed, with_experience=self.manager is not None, group_id=0,
-                           task_id=self.task_id)
-        self.batch = self.roller.begin([(0, spec)], step=0)
-        if self.batch.lives[0].ep.error:
-            raise RuntimeError(self.batch.lives[0].ep.error.splitlines()[0])
-        return self._turn_dict()
-
-    @property
-    def task(self) -> str:
-        """The episode's task text as retrieval sees it ("Dungeon 3: ..." for a recurring task)."""
-        if self.batch is not None:
-            return self.batch.lives[0].ep.traj.task
-        env = self.env
-        return getattr(env, "task", "") if env is not None else ""
+        super().__init__(env_name, task_seed(env_name, task_id) if task_id is not None else seed, task_id=task_id,
+                         max_turns=max_turns, **kw)
 
 
 def _run_settings(run: dict[str, Any]) -> dict[str, Any]:
