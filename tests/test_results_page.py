@@ -128,8 +128,14 @@ def found(figure: str, kind: str, text: str, numbers: list[str]) -> bool:
         digits = decimals(mant)
         want = f"{float(figure):.{digits}e}"
         return any(f"{float(n):.{digits}e}" == want for n in numbers if float(n) != 0)
+    return any(_rounds_to_safe(n, figure) for n in numbers)
+
+
+def _rounds_to_safe(n: str, figure: str) -> bool:
+    """rounds_to for one number of a file; a token that only looks like one (a commit hash such as 4e6638f reads as
+    4e6638, too large to quantize) matches nothing, and the file's other numbers are still tried."""
     try:
-        return any(rounds_to(Decimal(n), figure) for n in numbers)
+        return rounds_to(Decimal(n), figure)
     except InvalidOperation:
         return False
 
