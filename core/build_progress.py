@@ -31,7 +31,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
@@ -103,8 +103,22 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
+def _where(p: dict[str, Any]) -> str:
+    """'policy SFT 120/300; extractor SFT (short prompts) 310/500': the stage with its steps done of those planned
+    (when it has more than one), and the stage of the process beside it. No commas (the line's first part is cut
+    at one)."""
+    def one(stage: Any, done: Any, total: Any) -> str:
+        return f"{stage or 'starting'} {min(int(done or 0), int(total))}/{int(total)}" if (total or 0) > 1 else str(stage or "starting")
+
+    where = one(p.get("stage"), p.get("stage_done"), p.get("stage_total"))
+    side = p.get("beside")
+    if isinstance(side, dict) and side.get("stage"):
+        where += "; " + one(side["stage"], side.get("done"), side.get("total"))
+    return where
+
+
 def describe(p: dict[str, Any]) -> str:
-    """One line: 'model build 34% (policy SFT), 2 min 10 s in, about 5 min 02 s left'."""
+    """One line: 'model build 34% (policy SFT 120/300; extractor SFT 40/300), 2 min 10 s in, about 5 min 02 s left'."""
     total = max(1, int(p.get("total") or 1))
     pct = 100.0 * min(int(p.get("done") or 0), total) / total
     state = p.get("state")
@@ -112,11 +126,11 @@ def describe(p: dict[str, Any]) -> str:
     if state == "building":
         eta = p.get("eta_s")
         left = f", about {fmt_duration(eta)} left" if eta is not None else ", estimating the time left"
-        return f"model build {pct:.0f}% ({p.get('stage') or 'starting'}), {fmt_duration(elapsed)} in{left}"
+        return f"model build {pct:.0f}% ({_where(p)}), {fmt_duration(elapsed)} in{left}"
     if state == "done":
         return f"model build done in {fmt_duration(elapsed)}"
     if state == "stopped":
-        return f"model build stopped at {pct:.0f}% ({p.get('stage') or '?'})"
+        return f"model build stopped at {pct:.0f}% ({_where(p) if p.get('stage') else '?'})"
     if state == "died":
         return f"model build ended without finishing at {pct:.0f}% (process {p.get('pid')} is gone); the next run builds again"
     return f"model build failed at {pct:.0f}% ({p.get('stage') or '?'}): {p.get('error') or 'see the log'}"
@@ -132,32 +146,125 @@ def _write(root: Path, data: dict[str, Any]) -> None:
         pass  # progress is for people; a full disk must not fail the build over it
 
 
+Stage = tuple[str, int, "float | None"]  # (name, steps planned, seconds a step takes on an idle 2-core machine)
+
+
+class _Lane:
+    """One process's stages in order (the build's own, or the extractor's beside it): where it stands in its plan,
+    and the seconds it has left. A stage's steps cost what the stage's recent steps cost (measured: the last three
+    minutes); a stage not measured yet costs its planned seconds scaled by how much slower than planned this lane has
+    run so far (`speed`), so there is an estimate from the first second, and it is not reset at a stage change."""
+
+    def __init__(self, plan: Sequence[Stage], now: float) -> None:
+        self.plan = list(plan)
+        self.i, self.done, self.name, self.entered = 0, 0, "", False
+        self.started = self.t_stage = now
+        self.ref_done = 0.0  # planned seconds of the stages behind
+        self.waited = 0.0  # seconds spent in stages planned at 0 s (a wait for the process beside): not this lane's pace
+        self.samples: list[tuple[float, int]] = []  # (time, done) of the current stage
+
+    def enter(self, name: str, now: float) -> bool:
+        """The stage `name` begins: the next plan entry of that name (the ones skipped count as done). False when the
+        plan has none (then the name is only shown)."""
+        self.name = name
+        for j in range(self.i + 1 if self.entered else self.i, len(self.plan)):
+            if self.plan[j][0] == name:
+                self.ref_done += sum(st * (ref or 0.0) for _, st, ref in self.plan[self.i:j])
+                self.waited += (now - self.t_stage) if self.entered and self.plan[self.i][2] == 0.0 else 0.0
+                self.i, self.done, self.t_stage, self.samples, self.entered = j, 0, now, [], True
+                return True
+        return False
+
+    def step(self, n: int, now: float) -> None:
+        self.done += n
+        self.samples.append((now, self.done))
+        if len(self.samples) > 400:
+            self.samples = self.samples[-200:]
+
+    @property
+    def steps(self) -> int:
+        return self.plan[self.i][1] if self.i < len(self.plan) else 0
+
+    def speed(self, now: float) -> float:
+        per_step = (self.plan[self.i][2] or 0.0) if self.i < len(self.plan) else 0.0
+        ref = self.ref_done + min(self.done, self.steps) * per_step
+        waited = self.waited + ((now - self.t_stage) if self.entered and self.i < len(self.plan) and per_step == 0.0 else 0.0)
+        return (now - self.started - waited) / ref if ref >= 5.0 else 1.0
+
+    def left(self, now: float, stop: str | None = None, after: str | None = None) -> float | None:
+        """Seconds left in the stages from the current one up to (not including) the stage named `stop`, or only in
+        those after the stage named `after`; None when a stage has neither a plan nor a measured rate."""
+        speed, total = self.speed(now), 0.0
+        names = [n for n, _, _ in self.plan]
+        lo = self.i if after is None or after not in names[self.i:] else names.index(after, self.i) + 1
+        hi = len(self.plan) if stop is None or stop not in names[self.i:] else names.index(stop, self.i)
+        for j in range(lo, hi):
+            _, steps, ref = self.plan[j]
+            if j != self.i:
+                if ref is None:
+                    return None
+                total += steps * ref * speed
+                continue
+            window = [r for r in self.samples if self.samples[-1][0] - r[0] <= 180.0]
+            (t0, d0), (t1, d1) = (window[0], window[-1]) if window else ((0.0, 0), (0.0, 0))
+            if len(window) >= 3 and d1 > d0 and t1 > t0:
+                total += max(0, steps - self.done) * (t1 - t0) / (d1 - d0)
+            elif ref is not None:
+                total += max(0.0, steps * ref * speed - (now - self.t_stage))
+            else:
+                return None
+        return total
+
+
 class BuildProgress:
     """tqdm's three methods as the build uses them, writing the progress file and a few lines.
 
+    `plan`: the build's stages in order, (name, steps, seconds a step takes on an idle 2-core machine); `beside`: those
+    of a second process that runs beside it (the extractor's), reported with `beside_at`, and `wait`: the stage of this
+    plan that waits for it. With a plan the time left is estimated from the start and the percentage is of the time
+    (elapsed / (elapsed + left)), so it moves evenly; without one, `total` units at their recent rate.
+    `update` counts steps of the current stage (`set_postfix_str` names it).
+
     `stream` (default stderr): a terminal gets one line redrawn in place; anything else (a run's log file)
-    gets a line when the stage changes and every tenth of the way. `disable` silences the stream only; the
+    gets a line when a stage changes and every tenth of the way. `disable` silences the stream only; the
     file is always written (the workbench shows it)."""
 
-    def __init__(self, root: str | os.PathLike[str], total: int, desc: str = "model build", disable: bool = False,
-                 stream: TextIO | None = None, clock: Callable[[], float] = time.time, **_: Any) -> None:
+    def __init__(self, root: str | os.PathLike[str], total: int = 0, desc: str = "model build", disable: bool = False,
+                 stream: TextIO | None = None, clock: Callable[[], float] = time.time, *,
+                 plan: Sequence[Stage] | None = None, beside: Sequence[Stage] | None = None, wait: str | None = None,
+                 **_: Any) -> None:
         self.root = Path(root)  # the models folder
         self.root.parent.mkdir(parents=True, exist_ok=True)
-        self.total, self.desc, self.clock = max(1, int(total)), desc, clock
+        self.desc, self.clock = desc, clock
+        self.planned = plan is not None
+        self.total = 1000 if self.planned else max(1, int(total))
         self.stream = None if disable else (stream or sys.stderr)
         self.tty = bool(self.stream is not None and getattr(self.stream, "isatty", lambda: False)())
-        self.done = 0
-        self.stage = ""
         self.started = clock()
+        self.main = _Lane(plan if plan is not None else [("", self.total, None)], self.started)
+        self.side = _Lane(beside, self.started) if beside else None
+        self.side_on = False  # the second process has reported a stage
+        self.wait = wait
+        self.units = 0  # steps counted by update (without a plan: the progress itself)
+        self._frac = 0.0  # with a plan: the share of the time done, never going back
         self._written = 0.0
         self._logged_tenth = -1
-        self._stage_started = (self.started, 0)  # (time, done) where the current stage began
-        self._rates: list[tuple[float, int]] = []  # (time, done) samples of the current stage, for the rate
-        self._stages = 0
-        self._said: tuple[str, int] | None = None  # (stage, tenth) of the last line written
         self.closed = False
         self._flush(force=True)
-        self._say(f"{self.desc}: started ({self.total} units of work)")
+        self._say(f"{self.desc}: started" + ("" if self.planned else f" ({self.total} units of work)"))
+
+    @property
+    def stage(self) -> str:
+        return self.main.name
+
+    @property
+    def done(self) -> int:
+        if not self.planned:
+            return min(self.total, self.units)
+        eta, now = self.eta_s(), self.clock()
+        if eta is not None and now > self.started:
+            self._frac = max(self._frac, min(0.99, (now - self.started) / (now - self.started + eta)))
+        return int(1000 * self._frac)
 
     # -- tqdm's interface ------------------------------------------------------------------------------------
 
@@ -165,30 +272,30 @@ class BuildProgress:
         if _STOP.is_set():
             self._flush(force=True)  # where it stopped
             raise BuildStopped("the model build was stopped (a signal or a stop request); nothing was kept")
-        self.done = min(self.total, self.done + int(n))
-        now = self.clock()
-        self._rates.append((now, self.done))
-        if len(self._rates) > 400:
-            self._rates = self._rates[-200:]
-        self._flush()
-        tenth = int(round(100 * self.done / self.total)) // 10  # as the line rounds it: one line per shown tenth
-        if tenth > self._logged_tenth:
-            self._logged_tenth = tenth
-            if tenth > 0 and (self.stage, tenth) != self._said:
-                self._say(self.line())
-                self._said = (self.stage, tenth)
-        elif self.tty:
-            self._say(self.line())
+        self.units += int(n)
+        self.main.step(int(n), self.clock())
+        self._moved()
 
     def set_postfix_str(self, s: str, refresh: bool = True) -> None:  # noqa: ARG002 - tqdm's signature
         if s == self.stage:
             return
-        self._stages += 1
-        self._rates = []  # a stage's units cost what they cost: the rate is measured afresh in each
-        self.stage = s
-        self._flush(force=True)
-        self._say(self.line())
-        self._said = (s, int(round(100 * self.done / self.total)) // 10)
+        self.main.enter(s, self.clock())
+        self._stage_changed()
+
+    def beside_at(self, stage: str, done: int) -> None:
+        """Where the process beside stands: its stage (a name of `beside`) and the steps it has done in it."""
+        if self.side is None:
+            return
+        now = self.clock()
+        if stage != self.side.name:
+            if not self.side_on:
+                self.side_on, self.side.started = True, now
+            self.side.enter(stage, now)
+            self.side.step(done, now)
+            self._stage_changed()
+        elif done != self.side.done:
+            self.side.step(done - self.side.done, now)
+            self._moved()
 
     def close(self) -> None:
         if self.closed:
@@ -201,24 +308,44 @@ class BuildProgress:
     # -- what it writes --------------------------------------------------------------------------------------
 
     def eta_s(self) -> float | None:
-        """Seconds left at the rate of the current stage over its last few minutes. None during the first stage
-        (the warm start's first units are demo episodes, far cheaper than the training steps after them: a rate
-        from them would promise a fraction of the time) and until a stage has a few samples."""
-        if self._stages < 2 or len(self._rates) < 3:
+        """Seconds left: without a process beside, what this plan has left; with one, the longer of what each has
+        left up to the wait for it, then what follows the wait. None until a rate or a plan allows an estimate."""
+        now = self.clock()
+        if self.side is None or self.wait is None:
+            return self.main.left(now)
+        before, tail = self.main.left(now, stop=self.wait), self.main.left(now, after=self.wait)
+        side = self.side.left(now) if self.side_on else sum(st * (ref or 0.0) for _, st, ref in self.side.plan) * self.main.speed(now)
+        if before is None or tail is None or side is None:
             return None
-        now, done = self._rates[-1]
-        window = [r for r in self._rates if now - r[0] <= 180.0]
-        t0, d0 = window[0]
-        if done <= d0 or now <= t0:
-            return None
-        return (self.total - done) * (now - t0) / (done - d0)
+        return max(before, side) + tail
 
     def state(self, state: str = "building", error: str = "") -> dict[str, Any]:
+        main = self.main
+        beside = ({"stage": self.side.name, "done": self.side.done, "total": self.side.steps}
+                  if self.side is not None and self.side_on else None)
         return {"state": state, "pid": os.getpid(), "stage": self.stage, "done": self.done, "total": self.total,
-                "started_at": self.started, "updated_at": self.clock(), "eta_s": self.eta_s(), "error": error[-500:]}
+                "stage_done": main.done if self.planned else None, "stage_total": main.steps if self.planned else None,
+                "beside": beside, "started_at": self.started, "updated_at": self.clock(), "eta_s": self.eta_s(),
+                "error": error[-500:]}
 
     def line(self) -> str:
         return describe(self.state())
+
+    def _moved(self) -> None:
+        self._flush()
+        total = self.total
+        tenth = int(round(100 * self.done / total)) // 10  # as the line rounds it: one line per shown tenth
+        if tenth > self._logged_tenth:
+            self._logged_tenth = tenth
+            if tenth > 0:
+                self._say(self.line())
+        elif self.tty:
+            self._say(self.line())
+
+    def _stage_changed(self) -> None:
+        self._flush(force=True)
+        self._say(self.line())
+        self._logged_tenth = max(self._logged_tenth, int(round(100 * self.done / self.total)) // 10)
 
     def _flush(self, force: bool = False) -> None:
         now = self.clock()

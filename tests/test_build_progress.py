@@ -46,20 +46,102 @@ def test_progress_file_and_a_few_log_lines(tmp_path):
     assert not list((tmp_path / "models").glob("*")) if (tmp_path / "models").exists() else True  # nothing in models/
 
 
-def test_eta_from_the_recent_rate(tmp_path):
+def test_without_a_plan_the_eta_comes_from_the_rate_across_stages(tmp_path):
     t = [0.0]
     bar = B.BuildProgress(tmp_path / "models", total=100, disable=True, clock=lambda: t[0])
     bar.set_postfix_str("demos")
     for _ in range(20):
-        t[0] += 0.01
+        t[0] += 1.0
         bar.update(1)
-    assert bar.eta_s() is None  # the cheap first stage: no promise from it
+    assert bar.eta_s() == pytest.approx(80.0)
+    bar.set_postfix_str("policy SFT")  # a new stage keeps the estimate (it read "estimating the time left")
+    assert bar.eta_s() == pytest.approx(80.0)
+    assert "left" in B.describe(bar.state())
+
+
+def test_with_a_plan_an_estimate_from_the_start_through_every_stage(tmp_path):
+    """Issue 39 item 5: the line read '70% (policy SFT (short prompts)) ... estimating the time left' for minutes."""
+    t = [0.0]
+    plan = [("demos", 300, 0.05), ("policy SFT", 100, 1.0), ("evaluate", 1, 10.0)]
+    bar = B.BuildProgress(tmp_path / "models", disable=True, clock=lambda: t[0], plan=plan)
+    assert bar.eta_s() == pytest.approx(15 + 100 + 10)  # the plan's seconds before anything ran
+    bar.set_postfix_str("demos")
+    pcts = []
+    for _ in range(300):
+        t[0] += 0.2  # four times slower than planned
+        bar.update(1)
+        assert bar.eta_s() is not None
+    pcts.append(bar.state()["done"])
     bar.set_postfix_str("policy SFT")
-    for _ in range(30):
+    # the stages ahead scaled by how much slower the demos ran: 4 x (100 + 10) s, not "estimating"
+    assert bar.eta_s() == pytest.approx(4 * 110, rel=0.01)
+    for _ in range(40):
         t[0] += 2.0
         bar.update(1)
-    assert bar.eta_s() == pytest.approx(50 * 2.0, rel=0.1)  # the 50 units left at the training stage's rate
-    assert "left" in B.describe(bar.state())
+    st = bar.state()
+    assert st["stage_done"] == 40 and st["stage_total"] == 100
+    assert bar.eta_s() == pytest.approx(60 * 2.0 + 10 * (60 + 80) / (15 + 40), rel=0.05)  # measured rate, then the plan
+    pcts.append(st["done"])
+    # the share is of the time: 140 s of about 140 + 145 s (the steps' share would say 340 / 401 = 85%)
+    assert 45 < st["done"] / st["total"] * 100 < 53 and pcts == sorted(pcts)
+    assert "(policy SFT 40/100)" in B.describe(st) and "left" in B.describe(st)
+
+
+def test_the_wait_for_the_process_beside_shows_its_steps_and_time(tmp_path):
+    t = [0.0]
+    out = io.StringIO()
+    bar = B.BuildProgress(tmp_path / "models", stream=out, clock=lambda: t[0], wait="waiting for the extractor",
+                          plan=[("policy SFT", 10, 1.0), ("waiting for the extractor", 1, 0.0), ("evaluate the extractor", 1, 4.0)],
+                          beside=[("extractor SFT (short prompts)", 10, 1.0), ("extractor SFT", 20, 1.0)])
+    assert bar.eta_s() == pytest.approx(30 + 4)  # the longer of the two, then what follows the wait
+    bar.set_postfix_str("policy SFT")
+    for i in range(10):
+        t[0] += 1.0
+        bar.update(1)
+        bar.beside_at("extractor SFT (short prompts)", i + 1)
+    bar.beside_at("extractor SFT", 0)
+    bar.set_postfix_str("waiting for the extractor")
+    for i in range(10):
+        t[0] += 2.0  # alone, at its own measured rate
+        bar.beside_at("extractor SFT", i + 1)
+    st = bar.state()
+    assert st["beside"] == {"stage": "extractor SFT", "done": 10, "total": 20}
+    assert bar.eta_s() == pytest.approx(10 * 2.0 + 4.0, rel=0.05)  # its rate alone; the wait is not the lane's pace
+    line = B.describe(st)
+    assert "(waiting for the extractor; extractor SFT 10/20)" in line and "left" in line, line
+    assert "estimating" not in out.getvalue()
+    assert any("extractor SFT 0/20" in ln for ln in out.getvalue().splitlines())  # its stage change is a line
+
+
+def test_the_extractor_takes_the_policys_thread_only_when_it_is_faster(monkeypatch):
+    """Issue 39 item 6: once the policy is done the extractor trains on both threads if a core stands idle, and goes
+    back to one when two are not faster (another process's load)."""
+    import threading as th
+
+    import torch
+
+    from trainers.warmstart import build
+
+    clock = [0.0]
+    monkeypatch.setattr(build.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(build, "_idle_cores", lambda prev: (1.0, [0] * 8))
+    old = torch.get_num_threads()
+    try:
+        for faster, kept in ((0.6, 2), (1.5, 1)):
+            torch.set_num_threads(1)
+            done = th.Event()
+            more = build._MoreThreadsWhenFree(done, threads=2)
+            step = 1.0
+            for i in range(40):
+                if i == 10:
+                    done.set()
+                if torch.get_num_threads() == 2:
+                    step = faster
+                clock[0] += step
+                more.step()
+            assert torch.get_num_threads() == kept and more.state == ("kept" if kept == 2 else "back")
+    finally:
+        torch.set_num_threads(old)
 
 
 def test_a_second_builder_waits_and_uses_the_first_ones_models(tmp_path):

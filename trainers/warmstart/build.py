@@ -44,6 +44,84 @@ def _children_cpu_s() -> float:
     return t.children_user + t.children_system
 
 
+def build_plan(cfg: WarmStartConfig, beside: bool) -> tuple[list[tuple[str, int, float]], list[tuple[str, int, float]]]:
+    """The build's stages in the order `_build` enters them, (name, steps, seconds a step takes), and those of the
+    extractor's process beside it (empty without one), for core/build_progress.py's estimate. The seconds are the
+    default build's on an idle 2-core machine (one thread each; 2026-12-07, 476 s in all), scaled by batch size; the
+    estimate measures each stage as it runs and scales the stages ahead by how much slower than this the build is."""
+    first = int(round(cfg.policy_steps * cfg.dagger_at)) if cfg.dagger_episodes > 0 else cfg.policy_steps
+    pol, ext_short, ext = 0.43 * cfg.batch_size / 16, 0.48 * cfg.extractor_short_batch_size / 16, 0.53 * cfg.extractor_batch_size / 4
+    extractor = ([("extractor SFT", 1, 15.0), ("extractor SFT (short prompts)", cfg.extractor_short_steps, ext_short),
+                  ("extractor SFT", cfg.extractor_steps, ext)] if cfg.extractor_short_steps > 0
+                 else [("extractor SFT", cfg.extractor_steps, ext)])
+    main = [("demos", cfg.demo_episodes * len(cfg.envs), 0.0143), ("tokenizer", 1, 8.0),
+            *([("policy SFT", 1, 4.0), ("policy SFT (short prompts)", cfg.short_prompt_steps, pol)] if cfg.short_prompt_steps > 0
+              else []), ("policy SFT", first, pol)]
+    if cfg.dagger_episodes > 0 and cfg.policy_steps - first > 0:
+        main += [("DAgger", 1, 2.5), ("policy SFT (DAgger)", cfg.policy_steps - first, pol)]
+    main += ([] if beside else extractor) + [("save", 1, 0.5), ("evaluate", 1, 2.0)]
+    main += ([(WAIT_STAGE, 1, 0.0)] if beside else []) + [("evaluate the extractor", 1, 4.0)]
+    return main, (extractor if beside else [])
+
+
+WAIT_STAGE = "waiting for the extractor"
+
+
+def _idle_cores(prev: list[int] | None) -> tuple[float | None, list[int] | None]:
+    """(cores idle since `prev`, the counters now) from /proc/stat; (None, None) where it cannot be read."""
+    try:
+        with open("/proc/stat") as f:
+            now = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None, None
+    if prev is None:
+        return None, now
+    d = [a - b for a, b in zip(now, prev)]
+    busy_total = sum(d)
+    return ((d[3] + d[4]) / busy_total * (os.cpu_count() or 1) if busy_total > 0 else None), now
+
+
+class _MoreThreadsWhenFree:
+    """The extractor's process, once the policy's half is done (`policy_done` set), trains on `threads` torch threads
+    when a core has stood idle for a second, instead of one thread beside an idle core. Two threads spinning against
+    another process's load run several times slower than one (`_free_cores`), so the next few steps are timed against
+    the last few before it, and it goes back to one thread, for good, when they are not faster. The thread count does
+    not change the weights (measured: the default extractor's SFT steps, 1 thread then 2, bit-identical to 1 then 1)."""
+
+    TRIAL = 6
+
+    def __init__(self, policy_done: Any, threads: int) -> None:
+        self.policy_done, self.threads = policy_done, threads
+        self.state = "waiting"  # waiting -> watching (idle counters) -> trial -> kept | back
+        self.stat: list[int] | None = None
+        self.since = 0.0
+        self.times: list[float] = []
+        self.before = 0.0
+
+    def step(self) -> None:
+        now = time.perf_counter()
+        self.times = (self.times + [now])[-(self.TRIAL + 1):]
+        if self.state in ("kept", "back") or (self.state != "trial" and torch.get_num_threads() >= self.threads):
+            return
+        if self.state == "waiting" and self.policy_done.is_set():
+            _, self.stat = _idle_cores(None)
+            self.state, self.since = ("watching" if self.stat is not None else "back"), now
+        elif self.state == "watching" and now - self.since >= 1.0:
+            idle, self.stat = _idle_cores(self.stat)
+            self.since = now
+            if idle is not None and idle >= 0.7 and len(self.times) > self.TRIAL:
+                self.before = (self.times[-1] - self.times[0]) / self.TRIAL
+                torch.set_num_threads(self.threads)
+                self.state, self.times = "trial", [now]
+        elif self.state == "trial" and len(self.times) > self.TRIAL:
+            after = (self.times[-1] - self.times[0]) / self.TRIAL
+            if after >= 0.95 * self.before:
+                torch.set_num_threads(1)
+                self.state = "back"
+            else:
+                self.state = "kept"
+
+
 def _count_params(model: Any) -> int:
     return sum(p.numel() for p in model.parameters())
 
@@ -101,22 +179,33 @@ def _extractor_summary(extractor: Any, ext_ex: Sequence[SFTExample], dropped: in
             "kinds": dict(Counter(e.kind for e in ext_ex))}
 
 
-def _extractor_process(cfg: WarmStartConfig, demos: list[Demo], tokenizer: Any, out: str, threads: int, done: Any) -> None:
+def _extractor_process(cfg: WarmStartConfig, demos: list[Demo], tokenizer: Any, out: str, threads: int, at: Any,
+                       policy_done: Any, all_threads: int) -> None:
     """The extractor's build in a child process (spawned: `_build` with `cfg.parallel`): trains, saves the model
-    folder to `out` and its summary to `out`/summary.json, or the error to `out`/error.txt. `done` counts its SFT
-    steps for the parent's progress bar."""
+    folder to `out` and its summary to `out`/summary.json, or the error to `out`/error.txt. `at` holds where it
+    stands for the parent's progress, [stage (an index of build_plan's extractor stages), steps done in it]; once
+    `policy_done` is set it may train on `all_threads` (`_MoreThreadsWhenFree`)."""
     out_dir = Path(out)
     try:
         torch.set_num_threads(threads)
         torch.manual_seed(cfg.seed)
+        names = [name for name, _, _ in build_plan(cfg, beside=True)[1]]
+        more = _MoreThreadsWhenFree(policy_done, all_threads)
+
+        def stage(name: str) -> None:
+            with at.get_lock():
+                at[0] = next(j for j in range(at[0] + 1, len(names)) if names[j] == name)
+                at[1] = 0
 
         def tick(n: int) -> None:
-            with done.get_lock():
-                done.value += n
+            with at.get_lock():
+                at[1] += n
+            more.step()
 
-        extractor, ext_ex, dropped, losses, short_losses = train_extractor(cfg, demos, tokenizer, tick=tick)
+        extractor, ext_ex, dropped, losses, short_losses = train_extractor(cfg, demos, tokenizer, tick=tick, stage=stage)
         save_model_folder(extractor, tokenizer, out_dir)
-        (out_dir / "summary.json").write_text(json.dumps(_extractor_summary(extractor, ext_ex, dropped, losses, short_losses)))
+        summary = _extractor_summary(extractor, ext_ex, dropped, losses, short_losses)
+        (out_dir / "summary.json").write_text(json.dumps({**summary, "threads_at_the_end": torch.get_num_threads()}))
     except BaseException as exc:  # noqa: BLE001 - reported by the parent, which raises
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "error.txt").write_text(f"{type(exc).__name__}: {exc}")
@@ -124,26 +213,32 @@ def _extractor_process(cfg: WarmStartConfig, demos: list[Demo], tokenizer: Any, 
 
 
 class _ExtractorBeside:
-    """The extractor trained in a spawned process while this one trains the policy; `drain` forwards its steps to
-    the progress bar, `join` waits for it and returns its summary (raises with its error), `stop` ends it."""
+    """The extractor trained in a spawned process while this one trains the policy; `drain` tells the progress bar
+    where it stands, `policy_done` lets it take the policy's threads, `join` waits for it and returns its summary
+    (raises with its error), `stop` ends it."""
 
     def __init__(self, cfg: WarmStartConfig, demos: list[Demo], tokenizer: Any, out: Path, threads: int,
-                 bar_update: Callable[[int], None]) -> None:
+                 bar: BuildProgress, all_threads: int) -> None:
         import multiprocessing as mp
 
         ctx = mp.get_context("spawn")  # not fork: torch's thread pools do not survive a fork
-        self._done = ctx.Value("i", 0)
-        self._seen = 0
-        self._out, self._bar_update = out, bar_update
-        self._proc = ctx.Process(target=_extractor_process, args=(cfg, demos, tokenizer, str(out), threads, self._done),
+        self._at = ctx.Array("i", [-1, 0])
+        self._names = [name for name, _, _ in build_plan(cfg, beside=True)[1]]
+        self._policy_done = ctx.Event()
+        self._out, self._bar = out, bar
+        self._proc = ctx.Process(target=_extractor_process, args=(cfg, demos, tokenizer, str(out), threads, self._at,
+                                                                  self._policy_done, all_threads),
                                  name="comprl-extractor-build", daemon=True)
         self._proc.start()
 
     def drain(self) -> None:
-        n = self._done.value
-        if n > self._seen:
-            self._bar_update(n - self._seen)
-            self._seen = n
+        with self._at.get_lock():
+            stage, done = self._at[0], self._at[1]
+        if stage >= 0:
+            self._bar.beside_at(self._names[stage], done)
+
+    def policy_done(self) -> None:
+        self._policy_done.set()
 
     def join(self) -> dict[str, Any]:
         while self._proc.is_alive():
@@ -176,9 +271,9 @@ def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
         threads = max(1, threads - beside_threads)
     beside: _ExtractorBeside | None = None
     load_at_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    n_envs = len(cfg.envs)
-    units = cfg.demo_episodes * n_envs + cfg.short_prompt_steps + cfg.policy_steps + cfg.extractor_short_steps + cfg.extractor_steps + 3
-    bar = BuildProgress(tmp.parent, total=units, desc="comprl models init", disable=not progress)  # core/build_progress.py
+    plan, beside_plan = build_plan(cfg, beside=bool(beside_threads))
+    bar = BuildProgress(tmp.parent, desc="comprl models init", disable=not progress, plan=plan, beside=beside_plan,
+                        wait=WAIT_STAGE)  # core/build_progress.py
     timings: dict[str, float] = {}
     old_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -200,7 +295,8 @@ def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
         pad_id = int(tokenizer.pad_token_id)
         action_tokens = action_token_budget(tokenizer, demos, cfg)
         if beside_threads:
-            beside = _ExtractorBeside(cfg, list(demos), tokenizer, tmp / "extractor", beside_threads, bar.update)
+            beside = _ExtractorBeside(cfg, list(demos), tokenizer, tmp / "extractor", beside_threads, bar,
+                                      threads + beside_threads)
 
         def tick(n: int) -> None:
             bar.update(n)
@@ -256,6 +352,8 @@ def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
             ext_summary = _extractor_summary(extractor, ext_ex, ext_dropped, ext_losses, ext_short_losses)
             del extractor
 
+        if beside is not None:
+            beside.policy_done()  # this process's half is done: its threads are the extractor's if they stand idle
         stage("save")
         save_model_folder(policy, tokenizer, tmp / "policy")
         bar.update(1)
@@ -265,7 +363,7 @@ def _build(tmp: Path, cfg: WarmStartConfig, progress: bool) -> dict[str, Any]:
         pol_eval, eval_demos = _evaluate_policy(pol_backend, cfg, action_tokens)
         del pol_backend
         if beside is not None:
-            stage("waiting for the extractor")
+            stage(WAIT_STAGE)
             ext_summary = beside.join()
             beside = None
             stage("evaluate the extractor")

@@ -31,7 +31,7 @@ import torch
 
 from core.build_progress import BuildProgress, one_build_at_a_time
 from trainers.warmstart.build import (
-    _extractor_summary, _free_cores, ensure_models, read_marker, swap_into_place, train_extractor,
+    _extractor_summary, _free_cores, build_plan, ensure_models, read_marker, swap_into_place, train_extractor,
 )
 from trainers.warmstart.common import Demo, FORMAT_VERSION, MARKER, WarmStartConfig
 from trainers.warmstart.teachers import _claimed, collect_demos
@@ -102,8 +102,10 @@ def _build_weak(out: Path, cfg: WarmStartConfig, grounded: float, root: Path, pr
     old_threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads or _free_cores())
     torch.manual_seed(cfg.seed)
-    bar = BuildProgress(root, total=cfg.demo_episodes * len(cfg.envs) + cfg.extractor_short_steps + cfg.extractor_steps + 1,
-                        desc="comprl models init-weak", disable=not progress)
+    plan = build_plan(cfg, beside=True)
+    bar = BuildProgress(root, desc="comprl models init-weak", disable=not progress,  # the default build's stages, measured
+                        plan=[plan[0][0], *plan[1], ("probe", 1, 10.0)])
+
     try:
         bar.set_postfix_str("demos")
         demos = collect_demos(cfg, tick=bar.update)
