@@ -9,7 +9,8 @@ an exclusive lock, and while it runs it writes where it stands to a small JSON f
     <data_dir>/.models-build.lock    flock'ed by the builder; anyone else who needs the models waits on it
                                      (interruptibly: SIGTERM/SIGINT end the wait)
     <data_dir>/.models-build.json    {"state": "building"|"done"|"failed"|"stopped", "pid", "stage", "done",
-                                     "total", "started_at", "updated_at", "eta_s", "error"}
+                                     "total", "stage_done", "stage_total", "beside" (the extractor process's
+                                     {"stage", "done", "total"} or null), "started_at", "updated_at", "eta_s", "error"}
 
 (Beside `models/`, not in it: the models folder holds models and the build's temporary folder only.)
 
