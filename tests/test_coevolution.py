@@ -43,7 +43,7 @@ def test_probe_set_is_fixed_held_out_and_mixed(trajectories):
     assert 0 < wins < 64 and 0 < stated < 64
     again = probe_trajectories([ENV], 16, n=64, max_turns=8, seed=0)
     assert [(t.task, t.steps, t.final_observation) for t in again] == [(t.task, t.steps, t.final_observation) for t in trajectories]
-    assert probe_trajectories(["alfworld/pick_and_place"], 16, n=8, max_turns=8, seed=0) == []  # no checker there
+    assert probe_trajectories(["webshop"], 16, n=8, max_turns=8, seed=0) == []  # no checker there (ALFWorld has one now)
 
 
 def test_probe_scores_right_wrong_unverifiable_and_invalid(trajectories):
