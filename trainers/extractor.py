@@ -241,9 +241,10 @@ class ExperienceLoop:
             rewards = critic_entry_rewards([e.critic_scores for e in episodes], retrieved, outcomes, baselines=baselines)
         else:
             rewards = entry_rewards(retrieved, outcomes, baselines=baselines)  # entry id -> mean signed outcome
-        free = experience_free_baseline(outcomes, torch.tensor([e.spec.with_experience for e in episodes]),
-                                        torch.tensor([e.spec.group_id for e in episodes])) if episodes else None
-        relative = entry_rewards(retrieved, outcomes, baselines=free) if episodes else {}
+        # the relative reward beside the one trained on (the credit diagnostics); the same one when it is trained on
+        free = baselines if baselines is not None else experience_free_baseline(
+            outcomes, torch.tensor([e.spec.with_experience for e in episodes]), torch.tensor([e.spec.group_id for e in episodes]))
+        relative = entry_rewards(retrieved, outcomes, baselines=free)
         used = [(i, e) for e in episodes for i in sorted(set(e.traj.experience_ids))]
         if used:
             self.store.record_outcomes([(i, e.success, e.reward) for i, e in used], run_id=self.run_id, step=step,
