@@ -48,6 +48,30 @@ def answers(port: int) -> bool:
         return False
 
 
+def stop_runs(data: Path, timeout: float = 180.0) -> None:
+    """Stop the demo run: a run outlives the workbench that started it (its own session, by design), so ending
+    `make run` leaves it training; SIGTERM stops it after the step in flight, as the Runs tab's Stop does."""
+    db = data / "workbench.db"
+    if not db.is_file():
+        return
+    with sqlite3.connect(db) as con:
+        pids = [p for (p,) in con.execute("select pid from runs where status = 'running' and pid is not null")]
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+        t0 = time.time()
+        while time.time() - t0 < timeout:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(1)
+        else:
+            os.kill(pid, signal.SIGKILL)
+
+
 def one(case: str, models: Path | None, port: int, timeout: float) -> dict:
     data = Path(tempfile.mkdtemp(prefix=f"first_curve_{case}_"))
     if case == "built":
@@ -74,6 +98,7 @@ def one(case: str, models: Path | None, port: int, timeout: float) -> dict:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+        stop_runs(data)
     out = {"case": case, "data_dir": str(data), "app_answers_s": round(t_app, 1) if t_app else None,
            "first_curve_point_s": round(t_curve, 1) if t_curve else None, "exit_code": proc.returncode,
            "load_avg_after": round(os.getloadavg()[0], 2)}
