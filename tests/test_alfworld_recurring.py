@@ -237,3 +237,120 @@ library: {{manager: {{task_scope: true}}}}
     assert tasks and all(t.startswith("Household ") for t in tasks)
     assert {task_id_of(t) for t in tasks} <= {0, 1, 2, 3, 4}
     store.close()
+
+
+# ---------------------------------------------------------------- the warm start's ALFWorld teacher (issue 38 item 2)
+
+def _teacher_demos(conditions, ids=range(1000, 1008), noise=0.0):
+    from trainers import warmstart as W
+
+    cfg = W.WarmStartConfig(envs=[ENV], max_turns=20, noisy_share=0.0)
+    specs = [(ENV, k, c, noise) for c in conditions for k in ids]
+    return cfg, W.play_episodes(cfg, specs, source="expert", seed=0)
+
+
+def test_the_teachers_household_entries_are_right_or_wrong_by_the_checker():
+    """A correct entry states where the task's object starts in that household ("In household 1003 the statue is in
+    coffeetable 1."), which the entry checker scores right; a wrong one places it in a receptacle of the same household
+    that holds none (scored wrong); none claims the placement prior any more."""
+    from envs.entry_check import EntryChecker
+
+    _, demos = _teacher_demos(("correct", "wrong"))
+    checker = EntryChecker()
+    try:
+        for d in demos:
+            k = task_id_of(d.task)
+            assert f"In household {k} the {d.facts['object']} is in " in d.entry
+            assert checker.verdict(ENV, d.task, d.entry) == ("right" if d.condition == "correct" else "wrong"), d.entry
+    finally:
+        checker.close()
+
+
+def test_the_expert_walks_to_the_receptacle_an_entry_names_and_recovers_from_a_wrong_one():
+    """Under an entry the expert goes to the receptacle it names first (opening it if closed); under a correct one it
+    takes the object there, under a wrong one it searches on and still solves the household. Without an entry it
+    searches in listing order and needs more actions."""
+    from envs.alfworld.claims import claimed_location
+
+    _, demos = _teacher_demos(("none", "correct", "wrong"))
+    by = {c: [d for d in demos if d.condition == c] for c in ("none", "correct", "wrong")}
+    for d in by["correct"] + by["wrong"]:
+        named = claimed_location(d.entry, d.facts["object"])
+        assert d.turns[0].label == f"go to {named}"
+    assert sum(d.success for d in by["wrong"]) >= len(by["wrong"]) / 2  # a search of up to 20 actions
+    for d in by["correct"]:
+        assert d.success
+        assert any(t.label.startswith(f"take {d.facts['object']} ") and t.label.endswith(f" from {d.facts['where']}")
+                   for t in d.turns)
+        assert len(d.turns) <= 6
+    mean = {c: sum(len(d.turns) for d in ds) / len(ds) for c, ds in by.items()}
+    assert mean["correct"] < mean["none"] and mean["correct"] < mean["wrong"]
+
+
+def test_the_extractors_teacher_writes_where_the_object_was_seen_or_nothing():
+    """The lesson of an ALFWorld episode is what its trajectory shows: the think quotes the observation in which the
+    task's object was seen or taken, and the entry added says where it was (scored right by the checker); an episode
+    cut short before the object was seen writes nothing ([])."""
+    import dataclasses
+
+    from envs.entry_check import EntryChecker
+    from trainers.warmstart.examples import _extractor_target
+
+    _, demos = _teacher_demos(("none", "correct", "wrong"), ids=range(1000, 1004))
+    checker = EntryChecker()
+    try:
+        for d in demos:
+            ops, answer = _extractor_target(d)
+            assert len(ops) == 1 and ops[0]["function"] == "add"
+            assert checker.verdict(ENV, d.task, ops[0]["new_memory"]) == "right", ops
+            think = answer.split("</think>", 1)[0]
+            assert d.facts["object"] in think and ("You pick up" in think or "you see" in think)
+        blind = [dataclasses.replace(d, turns=d.turns[:1], final_observation="You arrive at bed 1. On the bed 1, you see nothing.")
+                 for d in demos if d.condition == "none"]
+        for d in blind:
+            assert _extractor_target(d)[0] == []
+    finally:
+        checker.close()
+
+
+def test_alfworld_policy_labels_carry_no_lead_and_minihack_keeps_it():
+    """A constrained ALFWorld reply is exactly an admissible command, so its demonstrated reply has no leading space
+    (the tokens the constraint lets the policy write); MiniHack's keep ACTION_LEAD."""
+    from trainers import warmstart as W
+    from trainers.warmstart.examples import action_lead
+
+    cfg, demos = _teacher_demos(("correct",), ids=range(1000, 1001))
+    assert action_lead(demos[0]) == ""
+    assert action_lead(dataclasses_replace_env(demos[0], "minihack/Room-5x5")) == W.ACTION_LEAD
+
+
+def dataclasses_replace_env(demo, env):
+    import dataclasses
+
+    return dataclasses.replace(demo, env=env)
+
+
+def test_a_model_plays_alfworld_within_the_admissible_commands():
+    """The warm start's model rollouts (DAgger, evaluation, the entry probe) decode ALFWorld replies within the env's
+    admissible commands: an untrained tiny model sends no refused action, and every action it took was admissible."""
+    import torch
+
+    from envs.alfworld import ACTION_FORMAT
+    from trainers import prompts as P
+    from trainers import warmstart as W
+    from trainers.models import build_tiny_qwen2, build_tokenizer, load_backend, save_model_folder
+
+    import tempfile
+
+    texts = [P.ACTOR_SYSTEM_NO_TOOL, P.ACTOR_USER, ACTION_FORMAT, "go to drawer 1 take pen 1 from desk 2 open safe 1"] * 20
+    tok = build_tokenizer(texts, vocab_size=400)
+    model = build_tiny_qwen2(tok, hidden=32, layers=1, heads=2, kv_heads=1, mlp=64, max_pos=4096, seed=0)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(4.0)  # sharp logits: a free reply would be far from any command
+    with tempfile.TemporaryDirectory() as tmp:
+        backend = load_backend("hf", save_model_folder(model, tok, tmp), quiet=True)
+        cfg = W.WarmStartConfig(envs=[ENV], max_turns=4, rollout_batch=3)
+        demos = W._rollouts(backend, cfg, [(ENV, k, c) for k, c in zip((0, 1, 2), ("none", "correct", "wrong"))],
+                            temperature=1.0, seed=0, source="eval", max_new_tokens=24)
+    assert len(demos) == 3 and all(len(d.turns) == 4 for d in demos)
+    assert sum(d.invalid_actions for d in demos) == 0

@@ -143,3 +143,25 @@ def location_verdict(text: str, facts: dict[str, Any]) -> str:
     if not claims:
         return "no_claim"
     return "right" if all(r in facts["targets"][t] for t, r in claims) else "wrong"
+
+
+_AT = re.compile(r"\b(?:arrive at|open the|close the|On the|In the)\s+([a-z]+ \d+)\b", re.I)
+
+
+def seen_location(observations: Iterable[str], object_type: str) -> tuple[str, str] | None:
+    """(receptacle, the sentence that shows it) of the first observation in which an object of `object_type` is seen
+    in or taken from a numbered receptacle: "You pick up the watch 1 from the drawer 3." or "You open the drawer 3.
+    The drawer 3 is open. In it, you see a watch 1, ..." -> ("drawer 3", ...). What a reader of the trajectory can
+    know of where the object was (the extractor's teacher writes its lesson from it); None when it was never seen."""
+    obj = re.escape(object_type)
+    take = re.compile(rf"\bYou pick up the {obj} \d+ from the ([a-z]+ \d+)\.", re.I)
+    seen = re.compile(rf"\byou see\b[^.]*?\b(?:a|an|the)\s+{obj} \d+\b", re.I)
+    for obs in observations:
+        for line in (obs or "").splitlines():
+            m = take.search(line)
+            if m:
+                return m.group(1).lower(), m.group(0)
+            at = _AT.search(line)
+            if at and seen.search(line):
+                return at.group(1).lower(), line.strip()
+    return None

@@ -10,7 +10,7 @@ from typing import Any
 from core.types import format_entry_text
 from trainers import prompts as P
 from trainers.warmstart.common import ACTION_LEAD, Demo, IGNORE, SFTExample, Turn, WarmStartConfig, _INVALID_WORDS
-from trainers.warmstart.teachers import _a, _claimed, _stairs_lesson
+from trainers.warmstart.teachers import CONSTRAINED_ENVS, _claimed, _stairs_lesson, household_lesson
 
 
 def _actor_prompt(cfg: WarmStartConfig, demo: Demo, turn: Turn) -> list[dict[str, str]]:
@@ -48,10 +48,27 @@ def _copyable(demo: Demo, turn: Turn) -> bool:
     anything short, and with them in the curriculum the policy learned only the marginal over moves in 300
     steps). Every turn of other envs (ALFWorld copies the task's object)."""
     if not demo.env.startswith("minihack/"):
-        return True
+        return _alfworld_copyable(demo, turn)
     if f"a step {turn.label} brings" in turn.observation:
         return True
     return bool(demo.entry) and f"head {turn.label}." in demo.entry and "not seen the staircase" in turn.observation
+
+
+def _alfworld_copyable(demo: Demo, turn: Turn) -> bool:
+    """ALFWorld: every turn but a search's "go to X" to a receptacle that neither the entry nor the observation
+    names and whose type is not the task's (which one comes next in the search depends on the receptacles already
+    looked into, which the short prompt does not show)."""
+    if not turn.label.startswith("go to "):
+        return True
+    recep = turn.label[len("go to "):]
+    return recep in demo.entry or recep in turn.observation or recep.rpartition(" ")[0] in demo.task
+
+
+def action_lead(demo: Demo) -> str:
+    """What a demonstrated reply starts with: ACTION_LEAD, but nothing where the policy plays within the env's
+    admissible commands (teachers.CONSTRAINED_ENVS): a constrained reply is exactly "go to drawer 3", so the policy
+    is taught the tokens the constraint lets it write, not " go" for a "go" it may never start with."""
+    return "" if demo.env.startswith(CONSTRAINED_ENVS) else ACTION_LEAD
 
 
 def policy_examples(demos: Sequence[Demo], tokenizer: Any, cfg: WarmStartConfig, *,
@@ -66,7 +83,7 @@ def policy_examples(demos: Sequence[Demo], tokenizer: Any, cfg: WarmStartConfig,
             if short and not _copyable(d, t):
                 continue
             msgs = _short_prompt(d, t) if short else _actor_prompt(cfg, d, t)
-            ex = _join(tokenizer, _chat_ids(tokenizer, msgs), ACTION_LEAD + t.label, f"policy/{'short/' if short else ''}{d.source}/{d.condition}")
+            ex = _join(tokenizer, _chat_ids(tokenizer, msgs), action_lead(d) + t.label, f"policy/{'short/' if short else ''}{d.source}/{d.condition}")
             if len(ex.input_ids) > cfg.max_seq_len:
                 dropped += 1
                 continue
@@ -109,19 +126,31 @@ def _lesson(demo: Demo) -> tuple[str, str]:
             content += f" Words like '{invalid[0]}' are not actions and waste a turn: use compass directions only."
         desc = "Reaching the staircase down"  # the same words for every level (the store keeps the entry's task)
     else:
+        # Only what the trajectory shows: the first observation in which the task's object is seen or taken says
+        # where it was (`_alfworld_seen`, the sentence the think quotes), as the household's entry says it
+        # (teachers.household_lesson); an episode that never saw it can only say where it was not.
         obj = demo.facts.get("object", "object")
-        title = f"Where to find {_a(obj)}"
-        desc = f"Finding {_a(obj)}: {demo.task}"
-        content = demo.facts.get("hint", "")
-        if demo.success:
-            content += f" Solved in {len(taken)} actions."
-            reason = f"The agent solved the task in {len(taken)} actions; where the {obj} was is worth keeping."
+        seen = _alfworld_seen(demo)
+        title, desc = f"Where the {obj} is", f"Finding the {obj}"
+        if seen is not None:
+            content = household_lesson(obj, seen[0], demo.facts.get("household"))
+            reason = (f"The agent solved the task in {len(taken)} actions; where the {obj} was is worth keeping." if demo.success
+                      else f"The agent failed, but it saw the {obj}: where it was is worth keeping.")
         else:
-            content += " Do not repeat an action that did nothing; open closed receptacles before taking from them."
-            reason = "The agent failed; the lesson is where to look first and what not to repeat."
-        if invalid:
-            content += f" '{invalid[0]}' is not a valid action."
+            content = f"The {obj} was not seen in {len(taken)} actions: look in the receptacles this episode did not open."
+            reason = f"The agent failed after {len(taken)} actions without seeing the {obj}; the lesson is where it is not."
     return format_entry_text(title, desc, content), reason
+
+
+def _alfworld_seen(demo: Demo) -> tuple[str, str] | None:
+    """(receptacle, sentence) of the first observation after an action in which the task's object is seen or taken
+    (envs/alfworld/claims.py `seen_location`); None when the episode never saw one."""
+    from envs.alfworld.claims import seen_location
+
+    obj = demo.facts.get("object")
+    if not obj:
+        return None
+    return seen_location([t.observation for t in demo.turns[1:]] + [demo.final_observation], obj)
 
 
 def _answer(think: str, ops: list[dict[str, Any]]) -> str:
@@ -151,26 +180,18 @@ def _extractor_target(demo: Demo) -> tuple[list[dict[str, Any]], str]:
     quoted, which a tiny extractor can learn, where v6's "update [0] when a memory was shown" was answered with no
     memory shown in 7 of 8 cases. Each op puts its text first (`{"new_memory": ...}`): the debrief ends the prompt,
     the quote starts the answer and the lesson follows after a fixed run of tokens, so both copies lie at a fixed
-    distance for every level (the debrief's shape is fixed too, `stairs_sentence`). ALFWorld: nothing new when a
-    correct memory was followed cleanly to success; replace a wrong memory (or refine a right one) with the lesson;
-    else add the lesson."""
+    distance for every level (the debrief's shape is fixed too, `stairs_sentence`). ALFWorld the same way, with the
+    observation that shows where the task's object was as the quote."""
     lesson, reason = _lesson(demo)
-    shown = demo.condition in ("correct", "wrong") and bool(demo.entry)
     ops: list[dict[str, Any]]
     if demo.env.startswith("minihack/"):
         ops = [{"new_memory": lesson, "function": "add"}] if _debrief_quote(demo) else []
         return ops, _answer(_debrief(demo) or reason, ops)
-    if demo.condition == "correct" and demo.success and all(t.taken == t.label for t in demo.turns):
-        ops = []
-        think = "The memory shown was right and the agent followed it to success; nothing new was learned."
-    elif shown:
-        ops = [{"function": "update", "idx_list": [0], "updated_memory": lesson}]
-        think = reason + (" The memory shown was wrong, so it is replaced." if demo.condition == "wrong"
-                          else " The memory shown was right; it is updated with what this episode adds.")
-    else:
-        ops = [{"function": "add", "new_memory": lesson}]
-        think = reason
-    return ops, _answer(think, ops)
+    # ALFWorld, as MiniHack: the think quotes the observation that shows where the task's object was and the lesson
+    # says it; an episode that never saw the object writes nothing ([]), whatever memory was shown.
+    seen = _alfworld_seen(demo)
+    ops = [{"new_memory": lesson, "function": "add"}] if seen is not None else []
+    return ops, _answer(seen[1] if seen is not None else reason, ops)
 
 
 def _extractor_prompt(cfg: WarmStartConfig, demo: Demo, short: bool = False) -> list[dict[str, str]]:
@@ -228,7 +249,9 @@ def _merge_chunk(group: Sequence[Demo], rng: random.Random, size: int = 5) -> tu
         entries += [rng.choice(same) for _ in range(min(take, size - len(entries)))]
     # Discarded: entries written for another kind of task (a wrong entry that names this task is
     # indistinguishable from a right one by reading it, so the teacher does not pretend to know).
-    wrong = [d.entry for d in group if d.condition == "wrong" and d.entry and d.task not in d.entry]
+    # (ALFWorld's wrong entries name the household's own object in another receptacle: nothing to discard them by.)
+    wrong = [d.entry for d in group if d.condition == "wrong" and d.entry and d.task not in d.entry
+             and not d.env.startswith("alfworld/")]
     if wrong and rng.random() < 0.4:
         entries[-1] = rng.choice(wrong)
     rng.shuffle(entries)

@@ -90,15 +90,55 @@ def _a(noun: str) -> str:
     return f"{'an' if noun[:1] in 'aeiou' else 'a'} {noun}"
 
 
-def _alfworld_entry(env: Any, *, wrong: bool, rng: random.Random) -> str:
-    from envs.alfworld import prior_hint
+def household_lesson(object_type: str, receptacle: str, household: int | None) -> str:
+    """The content of an ALFWorld entry: where the task's object starts in one household ("In household 17 the watch
+    is in drawer 3."), the sentence the entry checker reads back (envs/alfworld/claims.py `claimed_location`). The
+    receptacle's name comes last, so the actor's copy of it into "go to drawer 3" lies at the same place in every
+    entry; without a household id (random-seed tasks) the sentence is about this game only."""
+    head = f"In household {household} the" if household is not None else "The"
+    return f"{head} {object_type} is in {receptacle}."
 
-    kind = env.goal.object_type
+
+def _alfworld_entry(facts: dict[str, Any], *, wrong: bool, rng: random.Random) -> str:
+    """A household's entry (issue 38): a correct one names the receptacle the task's object starts in (the first,
+    in the game's name order, of those holding one: where the oracle goes), a wrong one a receptacle of the same
+    household that holds none (the entry checker scores it wrong). The form the extractor's teacher writes
+    (examples.py `_lesson`), so the actor learns to read what a run's library holds."""
+    obj, recep = facts["object"], facts["where"]
     if wrong:
-        others = [o for o in env.priors.objects if o != kind and env.priors.placement(o) != env.priors.placement(kind)]
-        other = rng.choice(others) if others else kind
-        return format_entry_text(f"Where to find {_a(other)}", f"Finding {_a(other)} in a household", prior_hint(other, env.priors))
-    return format_entry_text(f"Where to find {_a(kind)}", f"Finding {_a(kind)}: {env.task}", env.placement_hint())
+        others = [r for r in facts["receptacles"] if r not in facts["targets"][obj]
+                  and r.rpartition(" ")[0] != facts["receptacle"]]
+        recep = rng.choice(others) if others else recep
+    return format_entry_text(f"Where the {obj} is", f"Finding the {obj}",
+                             household_lesson(obj, recep, facts.get("household")))
+
+
+def _alfworld_facts(env: Any, env_seed: int, household: int | None) -> dict[str, Any]:
+    """What the ALFWorld teacher knows of a household before the episode (`household_facts`, the entry checker's
+    view) and the receptacle a correct entry names. Read before the env's reset: an official game's facts come
+    from a reset of their own."""
+    from envs.alfworld.claims import household_facts
+    from envs.alfworld.env import _name_key
+
+    hf = household_facts(env, env_seed)
+    obj = hf["object"]
+    return {"object": obj, "receptacle": hf["receptacle"], "household": household,
+            "targets": {t: list(r) for t, r in hf["targets"].items()}, "receptacles": list(hf["receptacles"]),
+            "where": sorted(hf["targets"][obj], key=_name_key)[0] if hf["targets"][obj] else ""}
+
+
+def _alfworld_reader(env: Any, named: str) -> str:
+    """The ALFWorld expert under an entry that names `named`: walk there first (and open it) while holding
+    nothing and before it has been looked into; then, from what it has seen, the searcher without placement
+    knowledge (it takes the object from there under a correct entry, and searches the rest in listing order
+    under a wrong one: the recovery)."""
+    view = env.world
+    if named and view.holding is None and named not in env.observed and named in view.receptacles:
+        if named not in view.here:
+            return f"go to {named}"
+        if named in view.openable and named not in view.opened:
+            return f"open {named}"
+    return _alfworld_action(env, informed=False)
 
 
 # ---------------------------------------------------------------------------- episodes
@@ -130,6 +170,7 @@ class _Teacher:
         self.facts: dict[str, Any] = {}
         self.heading = ""
         self.following = False  # walking where the entry points (MiniHack)
+        self.named = ""  # the receptacle the entry places the task's object in (ALFWorld), "" without one
         self._last_pos: tuple[int, int] | None = None  # where the agent stood when it last took the entry's heading
         # learns each level with a long turn budget; teachers of one pool share one (`levels`)
         self._levels = (levels if levels is not None else EntryChecker()) if self.minihack else None
@@ -137,6 +178,7 @@ class _Teacher:
     def start(self, seed: int, condition: str, rng: random.Random) -> tuple[str, str, dict[str, Any]]:
         """Reset the env on `seed` (with task_ids: on task instance `seed`); returns (first observation,
         entry text, facts). `self.task` is the task text the actor sees."""
+        from envs.alfworld.claims import claimed_location
         from envs.base import instance_task, task_seed
 
         env_seed = task_seed(self.env.name, seed) if self.task_ids else seed
@@ -154,9 +196,10 @@ class _Teacher:
 
                     self.heading, self.following = first_heading(*claim), True
         else:
+            self.facts = _alfworld_facts(self.env, env_seed, seed if self.task_ids else None)
             obs, _ = self.env.reset(seed=env_seed)
-            self.facts = {"object": self.env.goal.object_type, "hint": self.env.placement_hint()}
-            entry = "" if condition == "none" else _alfworld_entry(self.env, wrong=condition == "wrong", rng=rng)
+            entry = "" if condition == "none" else _alfworld_entry(self.facts, wrong=condition == "wrong", rng=rng)
+            self.named = (claimed_location(entry, self.facts["object"]) or "") if entry else ""
         self.task = instance_task(self.env.name, seed, self.env.task) if self.task_ids else self.env.task
         return obs, entry, dict(self.facts)
 
@@ -181,14 +224,13 @@ class _Teacher:
                     return self.heading
             self.following = False
             return expert_action(env)
-        return _alfworld_action(self.env, informed=condition == "correct")
+        return _alfworld_reader(self.env, self.named)
 
     def random_action(self, rng: random.Random) -> str:
-        if rng.random() < 0.35:
-            return rng.choice(_INVALID_WORDS) if self.minihack else rng.choice(["search the room", "take it", "go to kitchen"])
         if self.minihack:
-            return rng.choice(list(_DELTAS))
-        adm = list(self.env._state.admissible_commands)
+            return rng.choice(_INVALID_WORDS) if rng.random() < 0.35 else rng.choice(list(_DELTAS))
+        # ALFWorld is played within its admissible commands (CONSTRAINED_ENVS): a noisy turn is one of them
+        adm = [a for a in self.env._state.admissible_commands if a not in ("help", "inventory")]
         return rng.choice(adm) if adm else "look"
 
 
@@ -224,7 +266,10 @@ class TeacherEnv:
         self.condition, self.eps = str(o.get("condition", "none")), float(o.get("noise_eps", 0.0))
         self.rng = random.Random(o.get("entry_seed", seed))
         obs, self.entry, self.facts = self.teacher.start(int(seed or 0), self.condition, self.rng)
-        return obs, {"experience": self.entry, **self._labels()}
+        info: dict[str, Any] = {"experience": self.entry, **self._labels()}
+        if not self.teacher.minihack:  # what a constrained reply may be on the first turn (CONSTRAINED_ENVS)
+            info["admissible_actions"] = list(self.env._state.admissible_commands)
+        return obs, info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         obs, reward, term, trunc, info = self.env.step(action)
@@ -238,6 +283,12 @@ class TeacherEnv:
     def close(self) -> None:
         self.env.close()
 
+
+# Env families a model plays within the env's admissible commands (rollout.constrain_actions) in the warm start's
+# DAgger and evaluation rollouts and the entry probe: ALFWorld lists every valid command, and a tiny policy that
+# types them freely had a quarter of its actions refused (benchmarks/results/entry_probe_alfworld_curriculum.md).
+# Runs on an ALFWorld warm start set rollout.constrain_actions: true (configs/alfworld_recurring_cpu.yaml).
+CONSTRAINED_ENVS = ("alfworld/",)
 
 # (env name, seed or task id, condition, noise share)
 TeacherSpec = tuple[str, int, str, float]
@@ -253,13 +304,14 @@ def play_episodes(cfg: WarmStartConfig, specs: Sequence[TeacherSpec], *, source:
     from envs.entry_check import EntryChecker
 
     batch = cfg.rollout_batch if actor is not None else 1
-    rc = RolloutSection(history_turns=cfg.history_turns, history_chars=cfg.history_chars,
-                        search_and_ask=1 if cfg.allow_tool else 0, reuse_cache=False)
     ac = ModelSection(max_new_tokens=max_new_tokens or cfg.action_max_new_tokens, temperature=temperature)
     levels = EntryChecker()
     out: list[Demo | None] = [None] * len(specs)
     for name in dict.fromkeys(sp[0] for sp in specs):  # one pool per env, specs in their given order
         mine = [i for i, sp in enumerate(specs) if sp[0] == name]
+        rc = RolloutSection(history_turns=cfg.history_turns, history_chars=cfg.history_chars,
+                            search_and_ask=1 if cfg.allow_tool else 0, reuse_cache=False,
+                            constrain_actions=actor is not None and name.startswith(CONSTRAINED_ENVS))
         with LocalPool([functools.partial(TeacherEnv, cfg, name, levels)] * min(batch, len(mine))) as pool:
             # search-and-ask (cfg.allow_tool) finds nothing here: the warm start has no library
             roller = Roller(actor, pool, None, rollout_cfg=rc, actor_cfg=ac, max_turns=max_turns or 0, seed=seed,
