@@ -14,9 +14,12 @@ from gradio.components.plot import PlotData
 
 from app import views
 from app.service import ARM_KINDS, Workbench
+from app.service.common import task_id_label
 from core.store import SORTABLE
 
-# The A/B tab's default: the default run's recurring dark rooms, where a library holds each dungeon's lessons.
+# The A/B tab opens on the newest run with recurring tasks (Workbench.ab_defaults: its env, task ids and turn limit, on
+# MiniHack's dungeons or ALFWorld's households alike); with none, on the default run's recurring dark rooms, where a
+# library holds each dungeon's lessons:
 AB_ENV = "minihack/Room-Ultimate-5x5"
 AB_MAX_TURNS = 8  # and its turn limit (configs/minihack_room_cpu.yaml env.max_turns), which the library was written under
 # Each of the 16 dungeons played 16 times per arm at the rollout temperature (the policy GRPO trains), the k-th episode
@@ -265,14 +268,18 @@ def build(wb: Workbench) -> gr.Blocks:
 
             # ---------------------------------------------------------------- A/B tests
             with gr.Tab("A/B tests", id="ab", elem_id="tab-ab"):
+                ad = wb.ab_defaults()  # set again on each page's first paint
+                if ad["env"] is None and AB_ENV in envs:
+                    ad.update(env=AB_ENV, task_ids=True, max_turns=AB_MAX_TURNS)
+                ab_note = gr.Markdown(ad["note"], elem_id="ab-defaults")
                 with gr.Row():
                     ab_name = gr.Textbox(label="name", elem_id="ab-name")
-                    ab_env = gr.Dropdown(choices=envs, value=AB_ENV if AB_ENV in envs else None, label="env", elem_id="ab-env")
-                    ab_seeds = gr.Textbox(label="task ids (or seeds)", value="0-15", elem_id="ab-seeds")
-                    ab_task_ids = gr.Checkbox(label="recurring task ids (Dungeon N, as the default run names them); off: env seeds",
-                                              value=True, elem_id="ab-task-ids")
+                    ab_env = gr.Dropdown(choices=envs, value=ad["env"], label="env", elem_id="ab-env")
+                    ab_seeds = gr.Textbox(label="task ids (or seeds)", value=ad["seeds"], elem_id="ab-seeds")
+                    ab_task_ids = gr.Checkbox(label=task_id_label(ad["env"], plural=True), value=ad["task_ids"],
+                                              elem_id="ab-task-ids")
                     ab_ckpt = gr.Textbox(label="policy checkpoint folder (empty: default policy)", elem_id="ab-ckpt")
-                    ab_turns = gr.Number(value=AB_MAX_TURNS if AB_ENV in envs else 0, label="max turns (0: the env's)", precision=0,
+                    ab_turns = gr.Number(value=ad["max_turns"], label="max turns (0: the env's)", precision=0,
                                          elem_id="ab-turns")
                     ab_decoding = gr.Radio(["greedy", "sampled"], value=AB_DECODING, label="decoding (sampled: the rollout temperature)",
                                            elem_id="ab-decoding")
@@ -318,13 +325,15 @@ def build(wb: Workbench) -> gr.Blocks:
                                       elem_id="demo-mode")
                     d_env = gr.Dropdown(choices=envs, value=dd["env"] or None, label="env", elem_id="demo-env")
                     d_seed = gr.Number(value=dd["seed"], precision=0, label="task id, or seed", elem_id="demo-seed")
-                    d_task_ids = gr.Checkbox(label="recurring task id (Dungeon N, as the run names them); off: an env seed",
-                                             value=dd["task_ids"], elem_id="demo-task-ids")
+                    d_task_ids = gr.Checkbox(label=task_id_label(dd["env"]), value=dd["task_ids"], elem_id="demo-task-ids")
                     d_turns = gr.Number(value=dd["max_turns"], precision=0, label="max turns (0: the env's)", elem_id="demo-turns")
                     d_ckpt = gr.Textbox(value=dd["checkpoint"],
                                         label="policy checkpoint or model folder (empty: the embedded default, built on first use)",
                                         elem_id="demo-ckpt")
                     d_lib = gr.Radio(["current", "none"], value=dd["library"], label="library", elem_id="demo-lib")
+                    d_constrain = gr.Checkbox(label="policy: replies within the env's admissible actions (as a run with "
+                                                    "rollout.constrain_actions plays)", value=dd["constrain_actions"],
+                                              elem_id="demo-constrain")
                 with gr.Row():
                     d_start = gr.Button("Start", variant="primary", elem_id="demo-start")
                     d_step = gr.Button("Step", elem_id="demo-step")
@@ -507,6 +516,9 @@ def build(wb: Workbench) -> gr.Blocks:
                         inputs=[ab_name, ab_env, ab_seeds, ab_ckpt, ab_turns, a_kind, a_arg, a_file, b_kind, b_arg, b_file, ab_task_ids,
                                 ab_reps, ab_decoding],
                         outputs=[ab_msg, ab_id], api_name="create_ab_test", **AB_CREATE)
+        # The checkbox names a recurring task in the chosen env's words ("Household N" on ALFWorld)
+        ab_env.change(lambda e: gr.update(label=task_id_label(e, plural=True)), inputs=ab_env, outputs=ab_task_ids,
+                      show_progress=hidden, **PRIVATE)
         ab_details_out = [ab_summary, ab_progress, ab_results, ab_tasks, ab_eps]
         ab_open.click(wb.ab_details, inputs=ab_id, outputs=ab_details_out, api_name="ab_details")
         ab_open.click(wb.ab_log_tail, inputs=ab_id, outputs=ab_log, api_name="ab_log")
@@ -524,9 +536,11 @@ def build(wb: Workbench) -> gr.Blocks:
             """One more turn of the session's episode: (episode HTML, status)."""
             return wb.demo_step(token)[:2]
 
-        d_start.click(wb.demo_start, inputs=[demo_token, d_mode, d_env, d_seed, d_ckpt, d_lib, d_task_ids, d_turns],
+        d_start.click(wb.demo_start, inputs=[demo_token, d_mode, d_env, d_seed, d_ckpt, d_lib, d_task_ids, d_turns, d_constrain],
                       outputs=[demo_token, d_html, d_status], api_name="demo_start", **DEMO_START
                       ).then(lambda: gr.Timer(active=False), outputs=play_timer, **PRIVATE)
+        d_env.change(lambda e: gr.update(label=task_id_label(e)), inputs=d_env, outputs=d_task_ids, show_progress=hidden,
+                     **PRIVATE)
         d_step.click(demo_step, inputs=demo_token, outputs=[d_html, d_status], api_name="demo_step")
         d_play.click(lambda: gr.Timer(active=True), outputs=play_timer, **PRIVATE)
         d_pause.click(lambda: gr.Timer(active=False), outputs=play_timer, **PRIVATE)
@@ -551,7 +565,17 @@ def build(wb: Workbench) -> gr.Blocks:
         def demo_first_paint() -> tuple:
             d = wb.demo_defaults()
             return (d["note"], d["mode"], gr.update(value=d["env"] or None), d["seed"], d["task_ids"], d["max_turns"],
-                    d["checkpoint"], d["library"])
+                    d["checkpoint"], d["library"], d["constrain_actions"])
 
-        demo.load(demo_first_paint, outputs=[d_note, d_mode, d_env, d_seed, d_task_ids, d_turns, d_ckpt, d_lib], **PRIVATE)
+        demo.load(demo_first_paint, outputs=[d_note, d_mode, d_env, d_seed, d_task_ids, d_turns, d_ckpt, d_lib, d_constrain],
+                  **PRIVATE)
+
+        def ab_first_paint() -> tuple:
+            a = wb.ab_defaults()
+            if a["env"] is None:  # no recurring run and no default config here: leave the tab as it was built
+                return (gr.skip(),) * 5
+            return (a["note"], gr.update(value=a["env"]), a["seeds"],
+                    gr.update(value=a["task_ids"], label=task_id_label(a["env"], plural=True)), a["max_turns"])
+
+        demo.load(ab_first_paint, outputs=[ab_note, ab_env, ab_seeds, ab_task_ids, ab_turns], **PRIVATE)
     return demo

@@ -781,17 +781,49 @@ def test_demo_defaults_open_on_the_newest_runs_recurring_task_with_an_entry(wb):
     assert f"#{rid} dark" in d["note"] and "task 7" in d["note"]
 
 
-def test_demo_defaults_take_the_runs_latest_checkpoint_as_the_policy(wb, tmp_path):
-    if not trainer_available()[0]:
-        pytest.skip("trainer not available")
+@pytest.fixture(scope="module")
+def tiny_policy(tmp_path_factory) -> Path:
+    """An untrained tiny Qwen2 model folder (seconds to build): a policy the demo and an A/B test can load."""
+    if not TRAINER:
+        pytest.skip(TRAINER_WHY)
+    from trainers.models import build_tiny_qwen2, build_tokenizer, save_model_folder
+
+    tok = build_tokenizer(["go to take from move open close drawer desk shelf garbagecan pen 1 2 3 north south east west "
+                           "the stairs > @ ."] * 40, vocab_size=400)
+    return Path(save_model_folder(build_tiny_qwen2(tok, hidden=32, layers=1, heads=2, kv_heads=1, max_pos=2048), tok,
+                                  tmp_path_factory.mktemp("tiny") / "policy"))
+
+
+def _checkpoint(root: Path, step: int, policy: Path) -> Path:
+    """A checkpoint as trainers/engine.py RunContext.save_checkpoint writes one: step_<N>/ with the policy's model
+    folder and state.pt (step, RNG states, library version), and `latest` naming it."""
+    import shutil
+
+    import torch
+
+    from trainers.engine import rng_state
+
+    final = root / f"step_{step:06d}"
+    shutil.copytree(policy, final / "policy")
+    torch.save({"step": step, "rng": rng_state(), "library_version": 0, "saved_at": time.time()}, final / "state.pt")
+    (root / "latest").write_text(final.name)
+    return final
+
+
+def test_demo_defaults_take_the_runs_latest_checkpoint_as_the_policy(wb, tmp_path, tiny_policy):
+    from trainers.engine import latest_checkpoint
+
     ck = tmp_path / "ck"
-    (ck / "step_000004" / "policy").mkdir(parents=True)
-    (ck / "step_000004" / "policy" / "config.json").write_text("{}")
-    (ck / "latest").write_text("step_000004")
+    _checkpoint(ck, 2, tiny_policy)
+    step = _checkpoint(ck, 4, tiny_policy)
+    (ck / "step_000006" / "policy").mkdir(parents=True)  # a save killed before its state.pt: not a checkpoint
+    assert latest_checkpoint(ck) == step
     rid = _recurring_run(wb, status="finished", checkpoint_dir=str(ck))
     d = wb.demo_defaults()
-    assert d["mode"] == "policy" and d["checkpoint"] == str(ck / "step_000004")
-    assert f"run #{rid}'s policy" in d["note"]
+    assert d["mode"] == "policy" and d["checkpoint"] == str(step)
+    assert f"run #{rid}'s policy at its latest checkpoint (step_000004)" in d["note"]
+    (ck / "latest").write_text("step_000006")  # the marker names the half-written one: the newest complete is taken
+    assert wb.demo_defaults()["checkpoint"] == str(step)
 
 
 def test_demo_plays_a_recurring_task_with_its_entry(wb):
@@ -817,3 +849,106 @@ def test_demo_plays_a_recurring_task_with_its_entry(wb):
         if done:
             break
     assert done and int(status.split("after ")[1].split(" turns")[0]) <= 2, status  # the turn limit held
+
+
+# -- ALFWorld's recurring households (issue 38 item 6): the demo and the A/B test as on MiniHack's dungeons ------------
+
+ALF = "alfworld/pick_and_place"
+ALF_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "alfworld_recurring_cpu.yaml"
+
+
+def _household(task_id: int) -> str:
+    """Household `task_id`'s task text, as a run with env.task_set gives it ("Household 3: put some pen on ...")."""
+    from app.service.demo import TaskPlayer
+
+    probe = TaskPlayer(ALF, task_id, expert=True, use_library=False)
+    try:
+        probe.reset()
+        return probe.task
+    finally:
+        probe.close()
+
+
+def test_demo_and_ab_tab_open_on_an_alfworld_recurring_run_and_the_demo_plays_its_household(wb):
+    """A run of configs/alfworld_recurring_cpu.yaml: the demo opens on its env, a household its library holds an entry
+    for and its turn limit, and the expert plays that household with the entry shown; the A/B tab opens on its
+    households; the labels say "Household N", not "Dungeon N"."""
+    pytest.importorskip("alfworld")
+    from app.service.common import task_id_label, task_noun
+
+    assert (task_noun(ALF), task_noun("minihack/Room-Ultimate-5x5")) == ("Household", "Dungeon")
+    assert "Household N" in task_id_label(ALF) and "Dungeon N" in task_id_label("minihack/Room-5x5", plural=True)
+    task = _household(3)
+    assert task.startswith("Household 3: ")
+    import yaml
+
+    cfg = yaml.safe_load(ALF_CONFIG.read_text())
+    cfg["rollout"]["constrain_actions"] = True  # the policy decoded within the admissible commands
+    rid = wb.store.create_run("households", variant="complementary", env=ALF, config=yaml.safe_dump(cfg), status="stopped")
+    claim = "In household 3 the pen is on desk 1: go to desk 1 and take it."
+    wb.store.add_entries([NewEntry(text=f"## Title: Where the pen is\n## Description: d\n## Content: {claim}", env=ALF,
+                                   task=task, run_id=rid)], actor="extractor")
+    d = wb.demo_defaults()
+    assert (d["env"], d["seed"], d["task_ids"], d["max_turns"], d["library"]) == (ALF, 3, True, 20, "current")
+    assert d["constrain_actions"] is True  # the demo's policy plays as the run's did
+    assert f"#{rid} households" in d["note"] and "task 3 (Household 3)" in d["note"] and "at most 20 turns" in d["note"]
+    a = wb.ab_defaults()
+    assert (a["env"], a["seeds"], a["task_ids"], a["max_turns"]) == (ALF, "0-15", True, 20)
+    assert f"#{rid} households" in a["note"] and "Households 0–15" in a["note"]
+    tok, html_, status = wb.demo_start(None, "expert", ALF, 3, "", "current", True, 20)
+    assert "task 3 (recurring): ready" in status and "entry for it is shown" in status, status
+    assert f"task text “{task}”" in status and claim in html_
+    done = False
+    for _ in range(20):
+        html_, status, done = wb.demo_step(tok)
+        if done:
+            break
+    assert done and "success" in status, status  # the scripted expert solves its household
+    tok, _, status = wb.demo_start(tok, "expert", ALF, 4, "", "none", True, 20)  # another household, no library
+    assert "task 4 (recurring): ready" in status and "task text “Household 4: " in status
+
+
+@pytest.mark.slow
+def test_policy_demo_and_an_ab_test_on_alfworld_recurring_households(tmp_path, embedder, tiny_policy):
+    """A tiny policy plays household 0 in the demo (its entry retrieved, its replies within the admissible commands:
+    none refused), and an A/B test of the library against none
+    on households 0-1 (task ids, 2 turns) runs to the end in its own process, paired household by household, each
+    episode's task text "Household N: ...". SQLite only: the A/B evaluation is a process of its own, tens of seconds."""
+    pytest.importorskip("alfworld")
+    w = Workbench(tmp_path / "data", f"sqlite:///{tmp_path / 'wb.db'}", embedder=embedder)
+    try:
+        tasks = [_household(i) for i in (0, 1)]
+        w.store.add_entries([NewEntry(text=f"## Title: Household {i}\n## Description: d\n## Content: look on desk 1 first",
+                                      env=ALF, task=t) for i, t in enumerate(tasks)], actor="extractor")
+        tok, html_, status = w.demo_start(None, "policy", ALF, 0, str(tiny_policy), "current", True, 3, True)
+        assert "the policy on alfworld/pick_and_place, task 0 (recurring): ready" in status, status
+        assert "entry for it is shown" in status and "look on desk 1 first" in html_
+        assert "its replies within the env's admissible actions" in status
+        done = False
+        for _ in range(5):
+            html_, status, done = w.demo_step(tok)
+            if done:
+                break
+        assert done and int(status.split("after ")[1].split(" turns")[0]) <= 3, status
+        assert w._plays[tok].player.batch.lives[0].ep.invalid_actions == 0  # an untrained policy, every action admissible
+        msg, ab = w.create_ab_test("households", ALF, "0-1", str(tiny_policy), 2, "current", "", None, "none", "", None,
+                                   task_ids=True)
+        assert msg.startswith("**OK**") and "2 episodes per arm" in msg, msg
+        deadline = time.time() + 600
+        while w.store.get_ab_test(ab)["status"] not in ("done", "failed") and time.time() < deadline:
+            time.sleep(1)
+        t = w.store.get_ab_test(ab)
+        assert t["status"] == "done", (t["status"], t["error"], w.ab_log_tail(ab))
+        assert t["config"]["task_ids"] and t["results"]["arms"]["A"]["n"] == t["results"]["arms"]["B"]["n"] == 2
+        summary, bar, res, per_task, eps = w.ab_details(ab)
+        assert f"env `{ALF}`" in summary and "2 task ids per arm, greedy" in summary and "McNemar" in summary, summary
+        assert [row.split(":")[1] for row in per_task["task"]] == [" Household 0", " Household 1"], per_task
+        assert list(eps["arm"]) == ["A", "A", "B", "B"]
+        assert sorted(e["task"] for e in w.store.list_trajectories(ab_test_id=ab)) == sorted(tasks * 2)
+        assert all(e["with_experience"] == (e["id"] in set(eps["episode"][:2])) for e in w.store.list_trajectories(ab_test_id=ab))
+    finally:
+        for launched in w._launched:
+            if launched.proc.poll() is None:
+                launched.proc.kill()
+                launched.proc.wait(timeout=30)
+        w.close()

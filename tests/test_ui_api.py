@@ -86,5 +86,5 @@ def test_demo_start_keeps_its_parameters_and_adds_the_recurring_task_at_the_end(
     _, demo = built
     ep = demo.get_api_info()["named_endpoints"]["/demo_start"]
     names = [p["parameter_name"] for p in ep["parameters"]]
-    assert names == ["mode", "env_name", "seed", "checkpoint", "library", "task_ids", "max_turns"]
-    assert all(p["parameter_has_default"] for p in ep["parameters"][-2:])
+    assert names == ["mode", "env_name", "seed", "checkpoint", "library", "task_ids", "max_turns", "constrain_actions"]
+    assert all(p["parameter_has_default"] for p in ep["parameters"][-3:])  # issue 38: constrained replies, last too

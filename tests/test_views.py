@@ -229,6 +229,9 @@ def test_ab_tables_and_summary():
     table = views.ab_per_task_table(long)
     assert [t.split(":")[1] for t in table["task"]] == [" Dungeon 1", " Dungeon 2", " Dungeon 10"]  # natural order
     assert all(len(t) <= 70 for t in table["task"])  # shortened, so the rates stay in view
+    homes = {f"alfworld/pick_and_place: Household {i}: put some pen on garbagecan.": {"A": 1.0, "B": 0.0} for i in (12, 3, 0)}
+    assert [t.split(":")[1] for t in views.ab_per_task_table({"per_task": homes})["task"]] == [
+        " Household 0", " Household 3", " Household 12"]  # ALFWorld's recurring households too
     test = {"id": 4, "name": "x", "status": "done", "progress": 1.0, "error": "", "created_at": time.time(),
             "config": {"env": "minihack/Room-5x5", "seeds": list(range(20)), "checkpoint": "", "max_turns": None,
                        "arms": {"A": {"kind": "current"}, "B": {"kind": "minus", "ids": [3, 4]}}}, "results": results}

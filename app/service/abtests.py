@@ -13,8 +13,9 @@ import pandas as pd
 
 from app import views
 from app.service.common import (
-    _err, _ok, parse_ids, parse_seeds, _tail, trainer_available, UserInputError, whole_number,
+    _err, _ok, parse_ids, parse_seeds, _tail, task_noun, trainer_available, UserInputError, whole_number,
 )
+from app.service.demo import DEFAULT_CONFIG, _run_settings
 from core import build_progress, library_io
 from core.config import ARM_KINDS, AbTestConfig, ab_sampling_error
 from core.metrics import mcnemar_test, paired_outcomes
@@ -90,8 +91,9 @@ class AbTestsPart:
     def create_ab_test(self, name: str, env: str, seeds: str, checkpoint: str, max_turns: Any,
                        a_kind: str, a_arg: str, a_file: str | None, b_kind: str, b_arg: str, b_file: str | None,
                        task_ids: bool = False, episodes_per_task: Any = 1, decoding: str = "greedy") -> tuple[str, int | None]:
-        """`task_ids`: the seeds are recurring task ids ("Dungeon 3: ..."), as runs with env.task_set name them,
-        so a library written by such a run is retrieved for its own tasks. `episodes_per_task` > 1 plays each task
+        """`task_ids`: the seeds are recurring task ids, on any env, as runs with env.task_set name them ("Dungeon 3:
+        ..." on MiniHack, "Household 3: ..." on ALFWorld), so a library written by such a run is retrieved for its own
+        tasks. `episodes_per_task` > 1 plays each task
         that many times per arm, sampled (`decoding`) at the rollout temperature, paired across the arms."""
         try:
             if not (name or "").strip():
@@ -129,6 +131,26 @@ class AbTestsPart:
             except OSError:
                 pass
         return _ok(f"A/B test {ab_id} started: {len(seed_list) * reps} episodes per arm (process {launched.proc.pid})"), ab_id
+
+    def ab_defaults(self) -> dict[str, Any]:
+        """What the A/B tab opens on: the newest run with a recurring task set (env.task_set) on an env listed here —
+        its env, its task ids (the first 16 at most), its turn limit — else the default config's (the recurring dark
+        rooms). `note` says which."""
+        envs = list_envs()
+        for run in self.store.list_runs():
+            settings = _run_settings(run)
+            if settings["task_set"] and settings["env"] in envs:
+                source = f"the newest run with recurring tasks, #{run['id']} {run['name']}"
+                break
+        else:
+            settings = _run_settings({"config": DEFAULT_CONFIG.read_text() if DEFAULT_CONFIG.is_file() else ""})
+            source = f"no run with recurring tasks yet: the default config ({DEFAULT_CONFIG.name})"
+        env, n = settings["env"], min(settings["task_set"], 16)
+        if env not in envs or not n:  # no default config here: the tab as it was, env seeds
+            return {"env": None, "seeds": "0-15", "task_ids": False, "max_turns": 0, "note": ""}
+        turns = f", at most {settings['max_turns']} turns" if settings["max_turns"] else ""
+        note = f"Opens on {source}: `{env}`, {task_noun(env)}s 0–{n - 1} (recurring task ids){turns}."
+        return {"env": env, "seeds": f"0-{n - 1}", "task_ids": True, "max_turns": settings["max_turns"], "note": note}
 
     def ab_tests_table(self) -> pd.DataFrame:
         self.reap_processes()

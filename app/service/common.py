@@ -14,6 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from core.store import INT32
+from envs.base import instance_task
 
 
 log = logging.getLogger("app.service")  # one logger for the whole service
@@ -30,6 +31,21 @@ BUILD_SHOWN_S = 600.0  # a finished model build stays on the Runs tab this long 
 # loads did). NLE's state is per process, not per Workbench, so the lock is too: every build, reset, step and close of
 # an env in the workbench process holds it. Reentrant: closing a player inside a locked section is fine.
 ENV_LOCK = threading.RLock()
+
+
+def task_noun(env_name: str) -> str:
+    """What a recurring task of `env_name` is called in its task text ("Dungeon" on MiniHack, "Household" on ALFWorld,
+    "Task" where the env has no word of its own): the word envs/base.py `instance_task` writes, read off it."""
+    return instance_task(env_name or "", 0, "").split(" ", 1)[0]
+
+
+def task_id_label(env_name: str | None, *, plural: bool = False) -> str:
+    """The label of a "the seed is a recurring task id" checkbox, in the env's own words ("Household N" on ALFWorld);
+    with no env chosen, MiniHack's and ALFWorld's both."""
+    what = f"{task_noun(env_name)} N" if env_name else "Dungeon N on MiniHack, Household N on ALFWorld"
+    if plural:
+        return f"recurring task ids ({what}, as runs with env.task_set name them); off: env seeds"
+    return f"recurring task id ({what}, as runs with env.task_set name them); off: an env seed"
 
 
 class UserInputError(ValueError):

@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 
 from app import views
-from app.service.common import ENV_LOCK, _err, _maybe_id, UserInputError, whole_number
+from app.service.common import ENV_LOCK, _err, _maybe_id, task_noun, UserInputError, whole_number
 from core import build_progress
 from core.store import StoreError
 from envs.base import instance_task, task_id_of, task_seed
@@ -23,9 +23,10 @@ DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "minihack_roo
 
 
 class TaskPlayer(EpisodePlayer):
-    """An EpisodePlayer on one recurring task (env.task_set): task id N is played as a run plays it, its instance
-    seed and "Dungeon N: ..." in the task text, which keys retrieval; `max_turns` caps the episode as the run's
-    env.max_turns does (0: the env's own limit)."""
+    """An EpisodePlayer on one recurring task (env.task_set) of any env: task id N is played as a run plays it, its
+    instance seed and its id in the task text, which keys retrieval ("Dungeon N: ..." on MiniHack, "Household N: ..."
+    on ALFWorld: envs/base.py instance_task); `max_turns` caps the episode as the run's env.max_turns does (0: the
+    env's own limit)."""
 
     def __init__(self, env_name: str, task_id: int | None, *, max_turns: int = 0, **kw: Any):
         seed = int(kw.pop("seed", 0))
@@ -34,7 +35,9 @@ class TaskPlayer(EpisodePlayer):
 
 
 def _run_settings(run: dict[str, Any]) -> dict[str, Any]:
-    """A run's env (its first), recurring task set and turn limit, read from its stored config (YAML)."""
+    """A run's env (its first), recurring task set, turn limit and whether its policy's replies are decoded within the
+    env's admissible actions (rollout.constrain_actions, as configs/alfworld_recurring_cpu.yaml's), read from its
+    stored config (YAML)."""
     import yaml
 
     try:
@@ -49,7 +52,9 @@ def _run_settings(run: dict[str, Any]) -> dict[str, Any]:
     def whole(x: Any) -> int:
         return x if isinstance(x, int) and not isinstance(x, bool) and x > 0 else 0
 
-    return {"env": env, "task_set": whole(env_cfg.get("task_set")), "max_turns": whole(env_cfg.get("max_turns"))}
+    rollout = cfg.get("rollout") if isinstance(cfg, dict) and isinstance(cfg.get("rollout"), dict) else {}
+    return {"env": env, "task_set": whole(env_cfg.get("task_set")), "max_turns": whole(env_cfg.get("max_turns")),
+            "constrain_actions": rollout.get("constrain_actions") is True}
 
 @dataclass
 class _Play:
@@ -146,11 +151,11 @@ class DemoPart:
         except Exception:
             return None, "the trainer's models are not importable here"
         if run is not None and run.get("checkpoint_dir"):
-            root = Path(run["checkpoint_dir"])
-            marker = root / "latest"
-            step = marker.read_text().strip() if marker.is_file() else ""
-            if step and (root / step / "policy" / "config.json").is_file():
-                return str(root / step), f"run #{run['id']}'s policy at its latest checkpoint ({step})"
+            from trainers.engine import latest_checkpoint  # the one place that knows a checkpoint folder's layout
+
+            ck = latest_checkpoint(Path(run["checkpoint_dir"]))
+            if ck is not None and (ck / "policy" / "config.json").is_file():
+                return str(ck), f"run #{run['id']}'s policy at its latest checkpoint ({ck.name})"
         if self.demo_actor:
             return "", "the configured demo actor"
         if build_progress.building(self.data_dir) is None and (self.data_dir / "models" / "policy" / "config.json").is_file():
@@ -184,26 +189,32 @@ class DemoPart:
         seed, task_note = 0, ""
         if task_ids:
             seen = self._seen_task(run["id"] if run is not None else None, env, settings["task_set"])
+            noun = task_noun(env)
             if seen is not None:
-                seed, task_note = seen, f"task {seen}, one its library holds an entry for"
+                seed, task_note = seen, f"task {seen} ({noun} {seen}), one its library holds an entry for"
             else:
-                task_note = "task 0 (its library has no entry for any of its tasks yet)"
+                task_note = f"task 0 ({noun} 0; its library has no entry for any of its tasks yet)"
         ckpt, who = self._run_policy(run)
         mode = "policy" if ckpt is not None else "expert"
         if mode == "expert":
             who = f"the scripted expert ({who})"
         where = f"`{env}`" + (f", recurring {task_note}" if task_ids else ", seed 0")
         turns = f", at most {settings['max_turns']} turns" if settings["max_turns"] and env == settings["env"] else ""
-        note = f"Opens on {source}: {where}{turns}; {who} plays, with the current library. Press Start."
+        constrain = settings["constrain_actions"] and env == settings["env"]
+        how = ", its replies within the env's admissible actions as the run's were" if constrain and mode == "policy" else ""
+        note = f"Opens on {source}: {where}{turns}; {who} plays{how}, with the current library. Press Start."
         return {"mode": mode, "env": env, "seed": seed, "task_ids": task_ids,
                 "max_turns": settings["max_turns"] if env == settings["env"] else 0, "checkpoint": ckpt or "",
-                "library": "current", "note": note}
+                "library": "current", "constrain_actions": constrain, "note": note}
 
     def demo_start(self, token: str | None, mode: str, env_name: str, seed: Any, checkpoint: str = "",
-                   library: str = "current", task_ids: bool = False, max_turns: Any = 0) -> tuple[str, str, str]:
+                   library: str = "current", task_ids: bool = False, max_turns: Any = 0,
+                   constrain_actions: bool = False) -> tuple[str, str, str]:
         """(session token, episode HTML, status). mode: 'expert' or 'policy'. `task_ids`: the seed is a recurring
-        task id ("Dungeon N: ...", as runs with env.task_set name their tasks, which keys retrieval); `max_turns`:
-        the episode's turn limit (0: the env's)."""
+        task id, on any env, as runs with env.task_set name their tasks ("Dungeon N: ..." on MiniHack, "Household N:
+        ..." on ALFWorld, which keys retrieval; the status quotes the task text); `max_turns`: the episode's turn
+        limit (0: the env's); `constrain_actions`: the policy's replies are decoded within the env's admissible
+        actions, as a run with rollout.constrain_actions plays (the configured demo actor's own setting stands)."""
         with self._sessions_lock:
             old = self._plays.pop(token, None) if token else None
         if old is not None:
@@ -233,10 +244,11 @@ class DemoPart:
                     return token or "", views.live_episode_html([]), _err(
                         f"the default models are being built ({build_progress.describe(b)}); the policy can play once "
                         "they are ready. Watch the scripted expert meanwhile, or name a model folder.")
-                extra: dict[str, Any] = {}
+                extra: dict[str, Any] = {"constrain_actions": bool(constrain_actions)}
                 if self.demo_actor and not ckpt:
                     extra = demo_actor_kwargs(self.demo_actor)
                     ckpt = extra.pop("checkpoint")
+                    extra["constrain_actions"] = extra["constrain_actions"] or bool(constrain_actions)
                 if not ckpt:  # the embedded default policy: built here on first use (one build at a time)
                     from trainers.config import resolve_model_path
                     from trainers.warmstart import ensure_models
@@ -267,8 +279,11 @@ class DemoPart:
         what = f"task {seed_i} (recurring)" if task_ids else f"seed {seed_i}"
         shown = ("" if not use_library else "; the library's entry for it is shown" if play.experience
                  else "; no library entry for it")
+        if mode == "policy" and player.roller.rc.constrain_actions:
+            shown += "; its replies within the env's admissible actions"
+        said = f" · task text “{player.task}”" if task_ids and player.task else ""
         return (token, views.live_episode_html(play.turns, play.experience, play.note),
-                f"{who} on {env_name}, {what}: ready{shown}")
+                f"{who} on {env_name}, {what}: ready{shown}{said}")
 
     def demo_step(self, token: str | None) -> tuple[str, str, bool]:
         """(episode HTML, status, done): one more turn of the session's episode."""

@@ -53,7 +53,8 @@ def ab_results_table(results: dict[str, Any]) -> pd.DataFrame:
 
 
 def _natural(text: str) -> list[Any]:
-    """Sort key that orders "Dungeon 2" before "Dungeon 10"."""
+    """Sort key that orders "Dungeon 2" before "Dungeon 10" (and "Household 2" before "Household 10": any env's
+    recurring task ids, envs/base.py instance_task)."""
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text)]
 
 
