@@ -128,6 +128,34 @@ def test_vllm_structured_outputs_keep_replies_to_the_admissible_actions(engine, 
     assert all(o.text.strip() in actions for o in outs), [o.text for o in outs]
 
 
+def test_vllm_prefix_cache_serves_a_turn_that_extends_the_last_and_the_switch_turns_it_off(model_dir, engine, learner):
+    """A second turn's prompt that extends the first (the first's prompt and reply, then the new observation) is
+    served partly from vLLM's prefix cache: its full KV blocks that the first turn computed are not run again
+    (num_cached_tokens > 0, counted in cached_tokens and left out of prefill_computed). With prefix_caching=False
+    the same two turns run every prompt token, and describe() says the cache is off."""
+    turn1 = learner.encode(" ".join(TEXTS[:8]))[:300]
+    assert len(turn1) == 300  # more than two of the CPU engine's 128-token blocks
+    engine.reset_prefix_cache()
+    off = load_backend("vllm", model_dir, quiet=True, prefix_caching=False)
+    try:
+        assert "prefix caching on" in engine.describe() and "prefix caching off" in off.describe()
+        for e in (engine, off):
+            c0, p0, k0 = e.cached_tokens, e.prompt_tokens, e.prefill_computed
+            first = e.generate([turn1], max_new_tokens=4, temperature=0.0, seed=0)[0]
+            turn2 = turn1 + first.token_ids + learner.encode(" > open fridge 1. north south east west.")
+            second = e.generate([turn2], max_new_tokens=4, temperature=0.0, seed=0)[0]
+            cached = e.cached_tokens - c0
+            assert e.prompt_tokens - p0 == len(turn1) + len(turn2)
+            assert e.prefill_computed - k0 == len(turn1) + len(turn2) - cached
+            if e is engine:
+                assert cached >= 256, cached  # the first turn's two full blocks, served to the second
+            else:
+                assert cached == 0, cached
+            assert second.token_ids  # and the engine still answers
+    finally:
+        off.close()
+
+
 def test_vllm_bad_model_folder_is_one_line(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(BackendError) as e:

@@ -151,8 +151,13 @@ class VLLMBackend:
         max_model_len: int | None = None,
         seed: int = 0,
         enforce_eager: bool = False,
+        prefix_caching: bool = True,
         **engine_kwargs: Any,
     ) -> None:
+        """`prefix_caching`: vLLM's automatic prefix caching (`enable_prefix_caching`): a prompt's full KV blocks that
+        an earlier request already computed (a turn's prompt extending the last one's, a GRPO group's copies, the
+        shared system text) are served from the cache instead of run again. Off only to measure what it saves
+        (benchmarks/bench_vllm.py's vllm_nocache arm)."""
         if not vllm_available():
             raise BackendError(f"The vllm back end needs vLLM, which is not installed: {VLLM_INSTALL_HINT} (or use backend 'hf').")
         from vllm import LLM
@@ -183,7 +188,7 @@ class VLLMBackend:
                 max_model_len=max_model_len,
                 seed=seed,
                 enforce_eager=enforce_eager or on_cpu,  # no graphs to capture on the CPU
-                enable_prefix_caching=True,
+                enable_prefix_caching=bool(prefix_caching),
                 worker_extension_cls=f"{__name__}.VLLMWeightSyncExtension",
                 **memory,
                 **engine_kwargs,
@@ -198,10 +203,13 @@ class VLLMBackend:
         except OSError:
             gen_cfg = None
         self.end_ids = sorted(end_token_ids(self.tokenizer, gen_cfg))
+        self.prefix_caching = bool(prefix_caching)
         self.syncs = 0
         # prompt tokens the engine ran (not served from its prefix cache), from vLLM's per-request num_cached_tokens;
         # the Roller reads it as rollout/prefill_tokens, beside rollout/prompt_tokens
         self.prefill_computed = 0
+        self.prompt_tokens = 0  # prompt tokens sent to generate (computed + served from the cache)
+        self.cached_tokens = 0  # of which served from the prefix cache (vLLM's num_cached_tokens)
         self._weights_dir = Path(tempfile.mkdtemp(prefix="comprl-vllm-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
 
     def _in_owner(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -210,7 +218,8 @@ class VLLMBackend:
     def describe(self) -> str:
         import vllm
 
-        return f"vllm {vllm.__version__} on {self.device} [{self.dtype}], prefix caching on, model {self.path}"
+        cache = "on" if self.prefix_caching else "off"
+        return f"vllm {vllm.__version__} on {self.device} [{self.dtype}], prefix caching {cache}, model {self.path}"
 
     def apply_chat_template(self, messages: Messages, *, add_generation_prompt: bool = True, tokenize: bool = False) -> str | list[int]:
         return chat_template(self.tokenizer, messages, add_generation_prompt=add_generation_prompt, tokenize=tokenize)
@@ -272,7 +281,10 @@ class VLLMBackend:
         outs = self._run(prompts, params)
         results = []
         for o in outs:
-            self.prefill_computed += len(o.prompt_token_ids or []) - int(getattr(o, "num_cached_tokens", 0) or 0)
+            n_prompt, n_cached = len(o.prompt_token_ids or []), int(getattr(o, "num_cached_tokens", 0) or 0)
+            self.prompt_tokens += n_prompt
+            self.cached_tokens += n_cached
+            self.prefill_computed += n_prompt - n_cached
             c = o.outputs[0]
             ids = [int(t) for t in c.token_ids]
             lps = [float(d[t].logprob) for t, d in zip(ids, c.logprobs or [])]
@@ -314,8 +326,14 @@ class VLLMBackend:
             self._in_owner(self.llm.collective_rpc, "comprl_load_weights", args=(path,))
         except Exception as e:
             raise BackendError(f"the weight sync into vLLM failed ({error_line(e)}); the run can resume from its last checkpoint") from e
-        self._in_owner(self.llm.reset_prefix_cache)  # cached KV blocks were computed with the old weights
+        self.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         self.syncs += 1
+
+    def reset_prefix_cache(self) -> None:
+        """Drop every prefix-cached KV block (after a weight sync; the benchmark before each step's rollouts, as a
+        sync would). Nothing to drop with prefix caching off."""
+        if self.prefix_caching:
+            self._in_owner(self.llm.reset_prefix_cache)
 
     sync_weights = load_weights
 
