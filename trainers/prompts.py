@@ -264,8 +264,14 @@ def turn_messages(style: str, *, action_format: str, task: str, observation: str
 
 
 def history_stride(style: str, history_turns: int) -> int:
-    """How far the history window moves at once: 1 (compact: every turn), half the window (chat)."""
-    return max(1, history_turns // 2) if style == "chat" else 1
+    """How far the history window moves at once: half the window, in both styles, so that between moves each turn's
+    prompt extends the last one's past the point where the last one's current observation began (chat: its user
+    message, which loses its action list; compact: "Observation:", which becomes that pair's history item) and a
+    prefix cache (vLLM's, the hf back end's episode sessions) serves it. A window moved every turn (stride 1, the
+    compact set's before) kept only the system text and the task line in common once it was full. history_turns 0
+    (the embedded policy's default) has no window: the prompt is the same either way."""
+    del style  # one rule for both prompt sets
+    return max(1, history_turns // 2)
 
 
 def reply_stops(style: str) -> list[str]:
