@@ -268,7 +268,7 @@ def build(wb: Workbench) -> gr.Blocks:
 
             # ---------------------------------------------------------------- A/B tests
             with gr.Tab("A/B tests", id="ab", elem_id="tab-ab"):
-                ad = wb.ab_defaults()  # set again on each page's first paint
+                ad = wb.ab_defaults()  # set again on a page's first paint when a newer recurring run changed them
                 if ad["env"] is None and AB_ENV in envs:
                     ad.update(env=AB_ENV, task_ids=True, max_turns=AB_MAX_TURNS)
                 ab_note = gr.Markdown(ad["note"], elem_id="ab-defaults")
@@ -330,10 +330,11 @@ def build(wb: Workbench) -> gr.Blocks:
                     d_ckpt = gr.Textbox(value=dd["checkpoint"],
                                         label="policy checkpoint or model folder (empty: the embedded default, built on first use)",
                                         elem_id="demo-ckpt")
-                    d_lib = gr.Radio(["current", "none"], value=dd["library"], label="library", elem_id="demo-lib")
-                    d_constrain = gr.Checkbox(label="policy: replies within the env's admissible actions (as a run with "
-                                                    "rollout.constrain_actions plays)", value=dd["constrain_actions"],
-                                              elem_id="demo-constrain")
+                    with gr.Column(min_width=160):
+                        d_lib = gr.Radio(["current", "none"], value=dd["library"], label="library", elem_id="demo-lib")
+                        # as a run with rollout.constrain_actions plays (ALFWorld's recurring config): opens as the run's
+                        d_constrain = gr.Checkbox(label="policy: admissible actions only", value=dd["constrain_actions"],
+                                                  elem_id="demo-constrain")
                 with gr.Row():
                     d_start = gr.Button("Start", variant="primary", elem_id="demo-start")
                     d_step = gr.Button("Step", elem_id="demo-step")
@@ -572,7 +573,7 @@ def build(wb: Workbench) -> gr.Blocks:
 
         def ab_first_paint() -> tuple:
             a = wb.ab_defaults()
-            if a["env"] is None:  # no recurring run and no default config here: leave the tab as it was built
+            if a["env"] is None or a == ad:  # nothing new since the tab was built: leave it (and what was typed) alone
                 return (gr.skip(),) * 5
             return (a["note"], gr.update(value=a["env"]), a["seeds"],
                     gr.update(value=a["task_ids"], label=task_id_label(a["env"], plural=True)), a["max_turns"])

@@ -821,3 +821,55 @@ def test_a_ray_run_started_from_the_command_line_shows_live(app, page, request, 
         if proc.poll() is None:
             proc.kill()
         log.close()
+
+
+def test_the_demo_and_the_ab_tab_open_on_an_alfworld_recurring_run(app, browser, request):
+    """Issue 38 item 6: on a run of configs/alfworld_recurring_cpu.yaml the Agent demo opens on a household its library
+    holds an entry for (the checkbox says "Household N") and the expert plays it with that entry shown; the A/B tab
+    opens on the run's households and turn limit. (Last in the module: its run is the newest from here on.)"""
+    pytest.importorskip("alfworld")
+    from app.service.demo import TaskPlayer
+
+    env = "alfworld/pick_and_place"
+    probe = TaskPlayer(env, 6, expert=True, use_library=False)
+    probe.reset()
+    task = probe.task  # "Household 6: put some ... on ..."
+    probe.close()
+    import yaml
+
+    cfg = yaml.safe_load((ROOT / "configs" / "alfworld_recurring_cpu.yaml").read_text())
+    cfg["rollout"]["constrain_actions"] = True  # a policy decoded within the admissible commands
+    rid = app.store.create_run("households", variant="complementary", env=env, status="stopped", config=yaml.safe_dump(cfg))
+    claim = "In household 6 look in drawer 1 before anything else."
+    app.store.add_entries([NewEntry(text=f"## Title: Where it is\n## Description: d\n## Content: {claim}", env=env,
+                                    task=task, run_id=rid)], actor="extractor")
+    ctx, page = _fresh_page(app, browser)
+    try:
+        tab(page, "Agent demo")
+        expect(page.locator("#demo-defaults")).to_contain_text(f"#{rid} households", timeout=UI_S)
+        expect(page.locator("#demo-defaults")).to_contain_text("task 6 (Household 6)")
+        expect(page.locator("#demo-env input")).to_have_value(env)
+        expect(page.locator("#demo-seed input")).to_have_value("6")
+        expect(page.locator("#demo-task-ids input")).to_be_checked()
+        expect(page.locator("#demo-task-ids")).to_contain_text("Household N", timeout=UI_S)
+        expect(page.locator("#demo-turns input")).to_have_value("20")
+        expect(page.locator("#demo-constrain input")).to_be_checked()  # as the run's policy played
+        page.locator("#demo-mode label", has_text="scripted expert").click()
+        page.locator("#demo-start").click()
+        expect(page.locator("#demo-status")).to_contain_text("task 6 (recurring): ready", timeout=SLOW_S)
+        expect(page.locator("#demo-status")).to_contain_text("Household 6: ")
+        expect(page.locator("#demo-episode")).to_contain_text(claim)
+        page.locator("#demo-play").click()
+        expect(page.locator("#demo-status")).to_contain_text("episode over", timeout=SLOW_S)
+        expect(page.locator("#demo-status")).to_contain_text("success")
+        shot(page, request, "demo-household")
+        tab(page, "A/B tests")
+        expect(page.locator("#ab-defaults")).to_contain_text(f"#{rid} households", timeout=UI_S)
+        expect(page.locator("#ab-env input")).to_have_value(env)
+        expect(page.locator("#ab-seeds input, #ab-seeds textarea").first).to_have_value("0-15")
+        expect(page.locator("#ab-task-ids input")).to_be_checked()
+        expect(page.locator("#ab-task-ids")).to_contain_text("Household N")
+        expect(page.locator("#ab-turns input")).to_have_value("20")
+        shot(page, request, "ab-households")
+    finally:
+        ctx.close()

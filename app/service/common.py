@@ -40,12 +40,10 @@ def task_noun(env_name: str) -> str:
 
 
 def task_id_label(env_name: str | None, *, plural: bool = False) -> str:
-    """The label of a "the seed is a recurring task id" checkbox, in the env's own words ("Household N" on ALFWorld);
-    with no env chosen, MiniHack's and ALFWorld's both."""
-    what = f"{task_noun(env_name)} N" if env_name else "Dungeon N on MiniHack, Household N on ALFWorld"
-    if plural:
-        return f"recurring task ids ({what}, as runs with env.task_set name them); off: env seeds"
-    return f"recurring task id ({what}, as runs with env.task_set name them); off: an env seed"
+    """The label of a "the seed is a recurring task id" checkbox (as runs with env.task_set name their tasks), in the
+    env's own words ("Household N" on ALFWorld, "Dungeon N" on MiniHack); with no env chosen, a few of them."""
+    what = f"{task_noun(env_name)} N" if env_name else "Dungeon N, Household N, …"
+    return f"recurring task ids ({what}); off: env seeds" if plural else f"recurring task id ({what}); off: an env seed"
 
 
 class UserInputError(ValueError):
