@@ -93,8 +93,8 @@ class AbTestsPart:
                        task_ids: bool = False, episodes_per_task: Any = 1, decoding: str = "greedy") -> tuple[str, int | None]:
         """`task_ids`: the seeds are recurring task ids, on any env, as runs with env.task_set name them ("Dungeon 3:
         ..." on MiniHack, "Household 3: ..." on ALFWorld), so a library written by such a run is retrieved for its own
-        tasks. `episodes_per_task` > 1 plays each task
-        that many times per arm, sampled (`decoding`) at the rollout temperature, paired across the arms."""
+        tasks. `episodes_per_task` > 1 plays each task that many times per arm, sampled (`decoding`) at the rollout
+        temperature, paired across the arms."""
         try:
             if not (name or "").strip():
                 raise UserInputError("give the test a name")
