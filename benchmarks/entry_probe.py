@@ -72,15 +72,20 @@ def expert_state_agreement(backend: Any, cfg: Any, env_name: str, seeds: list[in
     high one with a low rollout agreement means its own mistakes lead it to states it never saw."""
     from trainers import prompts as P
     from trainers import warmstart as W
+    from trainers.warmstart.teachers import CONSTRAINED_ENVS
 
     demos = W.play_episodes(cfg, [(env_name, s, condition, 0.0) for s in seeds], source="expert", seed=0)
     states = [(d, t) for d in demos for t in d.turns]
+    # Where the policy plays within the env's admissible commands (ALFWorld, teachers.CONSTRAINED_ENVS), it picks
+    # among the same commands here: each expert state's list, from a replay of the expert's episode
+    choices = expert_state_choices(cfg, env_name, demos) if env_name.startswith(CONSTRAINED_ENVS) else None
     hits = 0
     kinds: dict[str, list[int]] = {}
     for i in range(0, len(states), cfg.rollout_batch):
         chunk = states[i : i + cfg.rollout_batch]
         prompts = [backend.apply_chat_template(W._actor_prompt(cfg, d, t), add_generation_prompt=True, tokenize=True) for d, t in chunk]
-        outs = backend.generate(prompts, max_new_tokens=max_new_tokens, temperature=0.0, stop=["\n"], seed=0)
+        extra = {"choices": choices[i : i + cfg.rollout_batch]} if choices is not None else {}
+        outs = backend.generate(prompts, max_new_tokens=max_new_tokens, temperature=0.0, stop=["\n"], seed=0, **extra)
         for o, (_, t) in zip(outs, chunk):
             agreed = P.parse_actor_reply(o.text)[1] == t.label
             hits += agreed
@@ -88,6 +93,27 @@ def expert_state_agreement(backend: Any, cfg: Any, env_name: str, seeds: list[in
             k[0] += agreed
             k[1] += 1
     return hits / max(1, len(states)), len(states), dict(sorted(kinds.items()))
+
+
+def expert_state_choices(cfg: Any, env_name: str, demos: list) -> list[list[str]]:
+    """The env's admissible commands in each state of `demos` (in order), replayed on a fresh env: what a
+    constrained reply may be there."""
+    from envs.base import task_seed
+    from trainers import warmstart as W
+
+    env = W._make_env(cfg, env_name)
+    out: list[list[str]] = []
+    try:
+        for d in demos:
+            _, info = env.reset(seed=task_seed(env_name, d.seed) if cfg.task_ids else d.seed)
+            for t in d.turns:
+                out.append(list(info.get("admissible_actions") or []))
+                _, _, term, trunc, info = env.step(t.taken)
+                if term or trunc:
+                    break
+    finally:
+        env.close()
+    return out
 
 
 def summarise(demos: list, none_by_seed: dict[int, Any], greedy: bool) -> dict[str, Any]:
@@ -100,6 +126,7 @@ def summarise(demos: list, none_by_seed: dict[int, Any], greedy: bool) -> dict[s
     firsts = [d for d in demos if d.turns]
     row = {"n": n, "successes": wins, "rate": wins / max(1, n), "ci_low": lo, "ci_high": hi,
            "mean_actions": statistics.mean(len(d.turns) for d in demos) if demos else 0.0,
+           "mean_actions_success": statistics.mean(len(d.turns) for d in demos if d.success) if wins else None,
            # the scripted expert's action for this condition (trainers/warmstart/ _Teacher)
            "agreement_with_expert": sum(t.taken == t.label for t in turns) / max(1, len(turns)),
            "invalid_share": sum(d.invalid_actions for d in demos) / max(1, len(turns)),
@@ -150,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     from core.metrics import two_proportion_test
     from trainers import warmstart as W
     from trainers.models import load_backend
+    from trainers.warmstart.teachers import CONSTRAINED_ENVS
 
     torch.set_num_threads(1)
     rows: list[dict[str, Any]] = []
@@ -186,21 +214,26 @@ def main(argv: list[str] | None = None) -> int:
         r["diff_vs_none"], r["p_vs_none"] = two_proportion_test(r["successes"], r["n"], base["successes"], base["n"])
 
     lines = [f"{args.episodes} held-out seeds (or, for a policy built on task ids, recurring tasks 0..{args.episodes - 1}: "
-             f"the default config's dungeons, never demonstrated) of {args.env} per condition, the same in every row; an episode "
+             f"the seen tasks of an env.task_set config: the default's dungeons, ALFWorld's households; never demonstrated) of {args.env} per condition, the same in every row; an episode "
              f"still running after {args.max_turns} actions fails. Sampled at temperature 1 with sampling seed {args.seed}. "
              "Invalid: share of actions the env refused. Agreement: share of the policy's actions equal to the "
              "scripted expert's for that condition in the same state (on MiniHack it walks an entry's heading, right or "
-             "wrong, until the staircase is in view; on ALFWorld it follows a correct entry and ignores a wrong one); on the expert's states (greedy only): the same share on the states of the expert's own episodes "
+             "wrong, until the staircase is in view; on ALFWorld it walks to the receptacle an entry names, right or wrong, "
+             "then searches the rest in the order the room lists them); on the expert's states (greedy only): the same share on the states of the expert's own episodes "
              "on these seeds, where the policy's earlier mistakes cannot have led it astray. Greedy only, same as none: share of seeds whose first move, or whole "
-             "episode, is the one played without an entry (sampled episodes differ by chance alone).", "",
-             "| policy | mode | entry | success | 95% CI | mean actions | invalid | agreement | on the expert's states | first move agrees | first move as none | same episode as none | diff vs none | p |",
-             "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "episode, is the one played without an entry (sampled episodes differ by chance alone)."
+             + (" Mean actions: every episode (a failure counts its turn limit); of successes: the solved ones only."
+                " ALFWorld is played within the env's admissible commands (constrained decoding, rollout.constrain_actions)."
+                if args.env.startswith(CONSTRAINED_ENVS) else ""), "",
+             "| policy | mode | entry | success | 95% CI | mean actions | of successes | invalid | agreement | on the expert's states | first move agrees | first move as none | same episode as none | diff vs none | p |",
+             "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         expert = f"{r['expert_state_agreement']:.3f}" if "expert_state_agreement" in r else "–"
         first, same = ((f"{r['first_move_as_none']:.2f}", f"{r['same_episode_as_none']:.2f}") if "same_episode_as_none" in r
                        else ("–", "–"))
         lines.append(f"| {r['policy']} | {r['mode']} | {r['condition']} | {r['successes']}/{r['n']} = {r['rate']:.3f} | "
-                     f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}] | {r['mean_actions']:.2f} | {r['invalid_share']:.3f} | "
+                     f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}] | {r['mean_actions']:.2f} | "
+                     f"{'–' if r.get('mean_actions_success') is None else format(r['mean_actions_success'], '.2f')} | {r['invalid_share']:.3f} | "
                      f"{r['agreement_with_expert']:.3f} | {expert} | "
                      f"{r['first_move_agreement']:.2f} | {first} | {same} | {r['diff_vs_none']:+.3f} | "
                      f"{r['p_vs_none']:.3g} |")
