@@ -157,13 +157,14 @@ def open_entry(page: Page, entry_id: int) -> None:
 
 
 def choose(page: Page, elem_id: str, value: str) -> None:
-    """Pick a dropdown's option by typing it (as docs/make_screenshots.py does)."""
+    """Pick a dropdown's option by typing it and clicking the option that reads exactly `value` (ArrowDown + Enter, as
+    docs/make_screenshots.py does, took a neighbour — `Room-Random-5x5` for `Room-5x5` — when the filtered list had
+    not caught up under load)."""
     box = page.locator(f"#{elem_id} input").first
     box.click()
     box.fill(value)
-    page.wait_for_timeout(300)
-    box.press("ArrowDown")
-    box.press("Enter")
+    exact = re.compile(rf"(^|[\s✓]){re.escape(value)}\s*$")
+    page.locator('li[data-testid="dropdown-option"]:visible').filter(has_text=exact).first.click(timeout=UI_S)
     expect(box).to_have_value(value, timeout=UI_S)
 
 
