@@ -293,7 +293,8 @@ def table(res: dict[str, Any]) -> str:
         lines.append(f"| {name} | {m['prompt_style']} | {m['history_chars']} | {m['engine_start_s']:.1f} | {sync} | "
                      f"{m['episodes']} | {m['max_new_tokens']} |")
     lines += ["", "One training step's rollouts (the shipped config's tasks x group, sampled, no experience), the Roller "
-              "through each arm in interleaved rounds, medians after a warm-up round; vLLM's prefix cache dropped before "
+              "through each arm in interleaved rounds, medians of the timed rounds (an untimed warm-up round before each "
+              "setting's, or the first setting's only: --warmup in the JSON's args); vLLM's prefix cache dropped before "
               "each arm's rollouts, as a weight sync drops it. \"history\": rollout.history_turns. \"prefill run\": "
               "prompt tokens the model computed (hf: after its shared-prefix and duplicate-prompt savings; vLLM: after its "
               "automatic prefix cache, from its per-request num_cached_tokens); hit rate: prompt tokens served from the "
@@ -333,8 +334,11 @@ def main(argv: list[str] | None = None) -> int:
 
         parts = [json.loads((RESULTS / f"{n}.json").read_text()) for n in args.merge.split(",") if n]
         res = {"benchmark": "vllm", "merged_from": {n: p["args"] for n, p in zip(args.merge.split(","), parts)},
-               "models": {k: v for p in parts for k, v in p["models"].items()},
+               "models": {},
                "environments": {n: p["environment"] for n, p in zip(args.merge.split(","), parts)}}
+        for part, p in zip(args.merge.split(","), parts):
+            for k, v in p["models"].items():  # a model run twice (say, a timing-only rerun) keeps both, the second named
+                res["models"][k if k not in res["models"] else f"{k} ({part})"] = v
         res["environment"] = parts[-1]["environment"]
         write_results(args.out, res, table(res))
         return 0
