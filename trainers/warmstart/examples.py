@@ -14,7 +14,10 @@ from trainers.warmstart.teachers import CONSTRAINED_ENVS, _claimed, _stairs_less
 
 
 def _actor_prompt(cfg: WarmStartConfig, demo: Demo, turn: Turn) -> list[dict[str, str]]:
-    hist = P.fit_history(turn.history, max_turns=cfg.history_turns, max_chars=cfg.history_chars, keep_first=demo.keep_intro)
+    # the window moves as a rollout's does (the compact set, what the tiny models are built on), so a policy built
+    # with history_turns > 0 trains on the prompts its rollouts show
+    hist = P.fit_history(turn.history, max_turns=cfg.history_turns, max_chars=cfg.history_chars, keep_first=demo.keep_intro,
+                         stride=P.history_stride("compact", cfg.history_turns))
     return P.actor_messages(action_format=demo.action_format, task=demo.task, observation=turn.observation,
                             experience=demo.entry, history=hist, allow_tool=cfg.allow_tool)
 
