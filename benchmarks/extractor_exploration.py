@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.common import environment, write_results  # noqa: E402
 
 
-def states_truth(probe, traj, text: str, cfg) -> bool:
+def states_truth(traj, text: str, cfg) -> bool:
     from envs.minihack import claimed_offset
     from trainers.parsing import parse_extraction
 
@@ -58,13 +58,13 @@ def main(argv: list[str] | None = None) -> int:
     ids = [list(backend.apply_chat_template(m, add_generation_prompt=True, tokenize=True)) for m in msgs]
     gen = lambda temp, seed: [o.text for o in backend.generate(ids, max_new_tokens=xc.model.max_new_tokens,  # noqa: E731
                                                                 temperature=temp, seed=seed)]
-    greedy = [states_truth(probe, t, a, cfg) for t, a in zip(stated, gen(0.0, 0))]
+    greedy = [states_truth(t, a, cfg) for t, a in zip(stated, gen(0.0, 0))]
     rows = []
     for temp in [float(x) for x in args.temperatures.split(",")]:
         hits = {True: [0, 0], False: [0, 0]}  # greedy right?: [sampled right, sampled]
         for d in range(args.draws):
             for g, t, a in zip(greedy, stated, gen(temp, 1000 + d)):
-                hits[g][0] += states_truth(probe, t, a, cfg)
+                hits[g][0] += states_truth(t, a, cfg)
                 hits[g][1] += 1
         rows.append({"temperature": temp, "draws": args.draws,
                      "greedy_right_trajectories": sum(greedy), "greedy_wrong_trajectories": len(greedy) - sum(greedy),
