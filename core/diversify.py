@@ -16,6 +16,8 @@ import math
 import random
 from typing import Sequence
 
+from core.index import SCORE_DECIMALS
+
 
 RANK_SCORES = ("rank", "cosine")
 
@@ -23,14 +25,15 @@ RANK_SCORES = ("rank", "cosine")
 def s_rank(similarities: Sequence[float], kind: str = "rank") -> list[float]:
     """The s_rank term of Eq. 6 for each candidate: −rank in the similarity order, or the similarity.
 
-    Ranks count from 0 for the most similar; equal similarities keep their input order (as the
-    release's enumerate over its result list does).
+    Ranks count from 0 for the most similar; similarities equal to core.index.SCORE_DECIMALS places
+    keep their input order (the index's: the newer entry first), as the release's enumerate over its
+    result list does.
     """
     if kind == "cosine":
         return [float(x) for x in similarities]
     if kind != "rank":
         raise ValueError(f"s_rank kind must be one of {RANK_SCORES}, not {kind!r}")
-    order = sorted(range(len(similarities)), key=lambda i: (-similarities[i], i))
+    order = sorted(range(len(similarities)), key=lambda i: (-round(float(similarities[i]), SCORE_DECIMALS), i))
     out = [0.0] * len(similarities)
     for r, i in enumerate(order):
         out[i] = -float(r)

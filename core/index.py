@@ -31,6 +31,20 @@ from core.config import ConfigError, IndexConfig
 log = logging.getLogger(__name__)
 
 
+# Similarities count as equal to this many decimals, and equal ones come newest entry (highest id) first. Entries keyed
+# by the same text (a recurring task's lessons, all keyed by its task text) tie exactly or within float noise; without
+# an order the top-k kept an arbitrary subset of them (faiss: the oldest; torch's top-k: any), so an oversampled
+# candidate list of 16 never reached a task's newer lessons, those of the better actor and the trained extractor.
+SCORE_DECIMALS = 4
+_SCALE = 10.0 ** SCORE_DECIMALS
+_ID_SPAN = 1 << 32
+
+
+def _tie_order(s: np.ndarray, i: np.ndarray) -> np.ndarray:
+    """Per row, the positions of (scores, ids) best first: score to SCORE_DECIMALS places, then the newer id."""
+    return np.lexsort((-i, -np.round(s.astype(np.float64), SCORE_DECIMALS)), axis=1)
+
+
 def gpu_available() -> bool:
     return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
 
@@ -74,12 +88,24 @@ class _DenseFlat:
             self.ntotal = last
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The k best by similarity to SCORE_DECIMALS places, over every row, so a tie at the k-th place keeps its
+        newest entries (VectorIndex.search orders them). One top-k of k + 1: a row whose (k+1)-th score rounds as its
+        k-th does (entries keyed by the same text) is redone as a top-k on round(score * 10^d) * 2^32 + id."""
         import torch
 
         n = self.ntotal
         k = min(k, n)
         scores = torch.from_numpy(queries) @ torch.from_numpy(self._mat[:n]).T  # (B, n)
-        s, j = torch.topk(scores, k, dim=1)  # (B, k), best first
+        s, j = torch.topk(scores, min(k + 1, n), dim=1)  # (B, k+1), best first
+        if 0 < k < n:
+            r = torch.round(s[:, k - 1:] * _SCALE)
+            tied = (r[:, 0] == r[:, 1]).nonzero().flatten().tolist()
+            if tied:
+                ids = torch.from_numpy(self._ids[:n])
+                key = torch.round(scores[tied] * _SCALE).to(torch.int64) * _ID_SPAN + ids  # ids are < 2^32
+                j[tied, :k] = torch.topk(key, k, dim=1).indices
+                s[tied, :k] = torch.gather(scores[tied], 1, j[tied, :k])
+        s, j = s[:, :k], j[:, :k]
         return s.numpy(), self._ids[:n][j.numpy()]
 
 
@@ -212,7 +238,11 @@ class VectorIndex:
         return sorted(self._groups)
 
     def search(self, queries: np.ndarray, k: int, group: str | Sequence[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """(scores (n, k), ids (n, k)); missing results are id -1 with score -inf.
+        """(scores (n, k), ids (n, k)), best first; missing results are id -1 with score -inf.
+
+        Scores equal to SCORE_DECIMALS places count as equal and come newest entry first. The exact CPU search
+        considers every entry of a tie; faiss's own indexes (GPU flat, IVF, HNSW) return their own subset of a tie at
+        the k-th place (faiss's flat search: the oldest), ordered newest first.
 
         `group=None` searches every group and keeps the best k across them; a list of group names
         searches those groups and keeps the best k across them.
@@ -244,7 +274,7 @@ class VectorIndex:
         s = np.concatenate(all_s, axis=1)
         i = np.concatenate(all_i, axis=1)
         s = np.where(i < 0, -np.inf, s)
-        order = np.argsort(-s, axis=1, kind="stable")[:, :k]
+        order = _tie_order(s, i)[:, :k]
         s, i = np.take_along_axis(s, order, 1), np.take_along_axis(i, order, 1)
         if s.shape[1] < k:
             pad = k - s.shape[1]

@@ -86,3 +86,32 @@ def test_approximate_kinds_have_high_recall_and_honour_removals(kind):
     idx.remove(removed)
     _, i = idx.search(q, 10, "")
     assert not np.isin(i, removed).any()
+
+
+@pytest.mark.parametrize("n", [5, 40])
+def test_equal_similarities_come_newest_first_and_a_tie_keeps_its_newest(n):
+    """A recurring task's lessons are all keyed by its task text: their similarities tie (exactly, or within float
+    noise). The top-k then holds the newest of them, newest first, not an arbitrary subset; a more similar entry still
+    comes first."""
+    rng = np.random.default_rng(1)
+    d = 16
+    key = unit(rng, 1, d)
+    vecs = np.repeat(key, n, 0) + rng.standard_normal((n, d)).astype(np.float32) * 1e-7
+    ids = np.arange(10, 10 + n, dtype=np.int64)
+    for kind in ("flat", "hnsw", "ivf"):
+        idx = VectorIndex(d, IndexConfig(kind=kind, use_gpu="never"))
+        idx.rebuild(ids, vecs, ["g"] * n)
+        s, i = idx.search(key, 16, "g")
+        got = [x for x in i[0].tolist() if x >= 0]
+        assert got == sorted(got, reverse=True), (kind, got)  # newest first within the tie
+        assert np.ptp(s[0][: len(got)]) < 1e-4
+        if kind == "flat":  # the exact search considers every entry of the tie
+            assert got == list(range(9 + n, 9 + n - min(n, 16), -1))
+    # an older entry that is more similar still ranks first; the two equal ones follow newest first
+    other = unit(rng, 1, d)
+    near = key + 0.3 * other
+    near /= np.linalg.norm(near)
+    idx = VectorIndex(d, IndexConfig(kind="flat", use_gpu="never"))
+    idx.rebuild(np.array([1, 2, 3]), np.concatenate([key, near, key]), ["g"] * 3)
+    s, i = idx.search(key, 3, "g")
+    assert i[0].tolist() == [3, 1, 2]

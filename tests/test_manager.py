@@ -157,6 +157,22 @@ def test_default_rank_score_is_minus_the_rank(store, embedder):
         m2.close()
 
 
+def test_a_tasks_newest_lessons_are_served_first(store, embedder):
+    """20 lessons of one task share its key (the task text): every candidate ties. Retrieval starts from the newest
+    (the better actor's and extractor's) and spreads over the newest 16 (the oversampled candidates), never an
+    arbitrary or oldest subset."""
+    m = ExperienceManager(store, embedder, ManagerConfig(random_demote=False, batch_size=16, max_wait_ms=50),
+                          IndexConfig(use_gpu="never"))
+    try:
+        ids = [add(m, format_entry_text(f"Stairs {i}", "room", f"tip number {i} about reaching the stairs"), "e",
+                   "Dungeon 3: reach the staircase down") for i in range(20)]
+        hits = [h[0].entry_id for h in m.search_sync(["Dungeon 3: reach the staircase down"] * 8, k=1)]
+        assert hits[0] == ids[-1]
+        assert set(hits) <= set(ids[-16:]), hits
+    finally:
+        m.close()
+
+
 EDITOR = textwrap.dedent("""
     import sys
     sys.path.insert(0, {root!r})
