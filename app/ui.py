@@ -285,6 +285,8 @@ def build(wb: Workbench) -> gr.Blocks:
                                            elem_id="ab-decoding")
                     ab_reps = gr.Number(value=AB_EPISODES_PER_TASK, label="episodes per task (sampled; paired across arms)",
                                         precision=0, elem_id="ab-reps")
+                    ab_constrain = gr.Checkbox(label="policy: admissible actions only", value=ad.get("constrain_actions", False),
+                                               elem_id="ab-constrain")
                 with gr.Row():
                     with gr.Column():
                         a_kind = gr.Radio(list(ARM_KINDS), value="current", label="arm A library", elem_id="ab-a-kind")
@@ -515,7 +517,7 @@ def build(wb: Workbench) -> gr.Blocks:
         # A/B tests
         ab_create.click(wb.create_ab_test,
                         inputs=[ab_name, ab_env, ab_seeds, ab_ckpt, ab_turns, a_kind, a_arg, a_file, b_kind, b_arg, b_file, ab_task_ids,
-                                ab_reps, ab_decoding],
+                                ab_reps, ab_decoding, ab_constrain],
                         outputs=[ab_msg, ab_id], api_name="create_ab_test", **AB_CREATE)
         # The checkbox names a recurring task in the chosen env's words ("Household N" on ALFWorld)
         ab_env.change(lambda e: gr.update(label=task_id_label(e, plural=True)), inputs=ab_env, outputs=ab_task_ids,
@@ -574,9 +576,10 @@ def build(wb: Workbench) -> gr.Blocks:
         def ab_first_paint() -> tuple:
             a = wb.ab_defaults()
             if a["env"] is None or a == ad:  # nothing new since the tab was built: leave it (and what was typed) alone
-                return (gr.skip(),) * 5
+                return (gr.skip(),) * 6
             return (a["note"], gr.update(value=a["env"]), a["seeds"],
-                    gr.update(value=a["task_ids"], label=task_id_label(a["env"], plural=True)), a["max_turns"])
+                    gr.update(value=a["task_ids"], label=task_id_label(a["env"], plural=True)), a["max_turns"],
+                    a["constrain_actions"])
 
-        demo.load(ab_first_paint, outputs=[ab_note, ab_env, ab_seeds, ab_task_ids, ab_turns], **PRIVATE)
+        demo.load(ab_first_paint, outputs=[ab_note, ab_env, ab_seeds, ab_task_ids, ab_turns, ab_constrain], **PRIVATE)
     return demo

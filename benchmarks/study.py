@@ -475,6 +475,8 @@ def main(argv: list[str] | None = None) -> int:
                 r["curves"] = curves_of(work / tag)
                 done.write_text(json.dumps(r, indent=2))
             if not (args.extend and r.get("steps", 0) < args.steps):
+                with write_lock:  # in every partial write too, not only in the last one
+                    finished[tag] = r
                 return r
             before = r  # --extend: continue this finished run to --steps
         sets = run_sets(item, args.steps, args.eval_episodes, model_sets, args.set)

@@ -163,11 +163,14 @@ class AbTestConfig:
     episodes_per_task: int = 1
     decoding: str = "greedy"
     actor: dict[str, Any] | None = None
+    constrain_actions: bool = False  # the policy's replies within the env's admissible actions (rollout.constrain_actions)
 
     def problem(self) -> str:
         """Why this test cannot run, or "" (all but the env's name and the actor's fields)."""
         if not self.seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in self.seeds):
             return "seeds must be a non-empty list of integers"
+        if not isinstance(self.constrain_actions, bool):
+            return "constrain_actions must be true or false"
         if self.max_turns is not None and self.max_turns < 1:
             return "max_turns must be at least 1 (or null: the env's own limit)"
         if set(self.arms) != {"A", "B"}:

@@ -503,7 +503,7 @@ def test_ab_create_validates_everything_first(wb, tmp_path):
         cfg = wb.store.get_ab_test(ab_id)["config"]
         assert cfg == {"env": "minihack/Room-5x5", "seeds": list(range(10)), "checkpoint": "", "max_turns": None,
                        "arms": {"A": {"kind": "minus", "ids": [a]}, "B": {"kind": "none"}}, "task_ids": False,
-                       "episodes_per_task": 1, "decoding": "greedy", "actor": None}
+                       "episodes_per_task": 1, "decoding": "greedy", "actor": None, "constrain_actions": False}
         proc = next(launched.proc for launched in wb._launched if launched.ab_id == ab_id)
         if proc.poll() is None:  # still importing torch: an A/B test yields the CPU to training runs (nice 10)
             assert os.getpriority(os.PRIO_PROCESS, proc.pid) == 10
@@ -893,7 +893,8 @@ def test_demo_and_ab_tab_open_on_an_alfworld_recurring_run_and_the_demo_plays_it
     assert d["constrain_actions"] is True  # the demo's policy plays as the run's did
     assert f"#{rid} households" in d["note"] and "task 3 (Household 3)" in d["note"] and "at most 20 turns" in d["note"]
     a = wb.ab_defaults()
-    assert (a["env"], a["seeds"], a["task_ids"], a["max_turns"]) == (ALF, "0-15", True, 20)
+    assert (a["env"], a["seeds"], a["task_ids"], a["max_turns"], a["constrain_actions"]) == (ALF, "0-15", True, 20, True)
+    assert "admissible actions" in a["note"]
     assert f"#{rid} households" in a["note"] and "Households 0–15" in a["note"]
     tok, html_, status = wb.demo_start(None, "expert", ALF, 3, "", "current", True, 20)
     assert "task 3 (recurring): ready" in status and "entry for it is shown" in status, status
@@ -932,14 +933,16 @@ def test_policy_demo_and_an_ab_test_on_alfworld_recurring_households(tmp_path, e
         assert done and int(status.split("after ")[1].split(" turns")[0]) <= 3, status
         assert w._plays[tok].player.batch.lives[0].ep.invalid_actions == 0  # an untrained policy, every action admissible
         msg, ab = w.create_ab_test("households", ALF, "0-1", str(tiny_policy), 2, "current", "", None, "none", "", None,
-                                   task_ids=True)
+                                   task_ids=True, constrain_actions=True)
         assert msg.startswith("**OK**") and "2 episodes per arm" in msg, msg
         deadline = time.time() + 600
         while w.store.get_ab_test(ab)["status"] not in ("done", "failed") and time.time() < deadline:
             time.sleep(1)
         t = w.store.get_ab_test(ab)
         assert t["status"] == "done", (t["status"], t["error"], w.ab_log_tail(ab))
-        assert t["config"]["task_ids"] and t["results"]["arms"]["A"]["n"] == t["results"]["arms"]["B"]["n"] == 2
+        assert t["config"]["task_ids"] and t["config"]["constrain_actions"]
+        assert t["results"]["arms"]["A"]["invalid_share"] == t["results"]["arms"]["B"]["invalid_share"] == 0.0
+        assert t["results"]["arms"]["A"]["n"] == t["results"]["arms"]["B"]["n"] == 2
         summary, bar, res, per_task, eps = w.ab_details(ab)
         assert f"env `{ALF}`" in summary and "2 task ids per arm, greedy" in summary and "McNemar" in summary, summary
         assert [row.split(":")[1] for row in per_task["task"]] == [" Household 0", " Household 1"], per_task

@@ -45,12 +45,14 @@ class ConditionResult:
     n: int = 0
     successes: int = 0
     actions: int = 0
+    invalid: int = 0  # actions the env refused
     by_task: dict[str, list[int]] = field(default_factory=dict)  # task -> [successes, n]
 
     def add(self, e: Episode) -> None:
         self.n += 1
         self.successes += int(e.success)
         self.actions += e.traj.num_actions
+        self.invalid += e.invalid_actions
         t = self.by_task.setdefault(f"{e.spec.env}: {e.traj.task}"[:200], [0, 0])
         t[0] += int(e.success)
         t[1] += 1
@@ -58,7 +60,8 @@ class ConditionResult:
     def summary(self) -> dict[str, float]:
         lo, hi = wilson_interval(self.successes, self.n) if self.n else (0.0, 1.0)
         return {"n": self.n, "successes": self.successes, "rate": self.successes / self.n if self.n else 0.0,
-                "ci_low": lo, "ci_high": hi, "mean_actions": self.actions / self.n if self.n else 0.0}
+                "ci_low": lo, "ci_high": hi, "mean_actions": self.actions / self.n if self.n else 0.0,
+                "invalid_share": self.invalid / self.actions if self.actions else 0.0}
 
 
 @dataclass
@@ -275,6 +278,7 @@ def run_ab_test(ab_id: int, *, data_dir: str, db_url: str) -> dict[str, Any]:
             cfg.actor = from_dict(ModelSection, {**dataclasses.asdict(cfg.actor), **actor})
         if c.max_turns:
             cfg.env.max_turns = c.max_turns
+        cfg.rollout.constrain_actions = c.constrain_actions
         policy = c.checkpoint or resolve_model_path(cfg.actor.path, data_dir)
         if not c.checkpoint and cfg.actor.path.startswith("embedded:"):
             ensure_models(data_dir)

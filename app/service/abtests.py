@@ -90,11 +90,13 @@ class AbTestsPart:
 
     def create_ab_test(self, name: str, env: str, seeds: str, checkpoint: str, max_turns: Any,
                        a_kind: str, a_arg: str, a_file: str | None, b_kind: str, b_arg: str, b_file: str | None,
-                       task_ids: bool = False, episodes_per_task: Any = 1, decoding: str = "greedy") -> tuple[str, int | None]:
+                       task_ids: bool = False, episodes_per_task: Any = 1, decoding: str = "greedy",
+                       constrain_actions: bool = False) -> tuple[str, int | None]:
         """`task_ids`: the seeds are recurring task ids, on any env, as runs with env.task_set name them ("Dungeon 3:
         ..." on MiniHack, "Household 3: ..." on ALFWorld), so a library written by such a run is retrieved for its own
         tasks. `episodes_per_task` > 1 plays each task that many times per arm, sampled (`decoding`) at the rollout
-        temperature, paired across the arms."""
+        temperature, paired across the arms. `constrain_actions`: the policy's replies are decoded within the env's
+        admissible actions, as a run with rollout.constrain_actions plays (ALFWorld's recurring config)."""
         try:
             if not (name or "").strip():
                 raise UserInputError("give the test a name")
@@ -120,7 +122,8 @@ class AbTestsPart:
         if not ok:
             return _err(f"cannot run the evaluation: {why}"), None
         config = dataclasses.asdict(AbTestConfig(env=env, seeds=seed_list, arms=arms, checkpoint=ckpt, max_turns=mt,
-                                                 task_ids=bool(task_ids), episodes_per_task=reps, decoding=decoding))
+                                                 task_ids=bool(task_ids), episodes_per_task=reps, decoding=decoding,
+                                                 constrain_actions=bool(constrain_actions)))
         ab_id = self.store.create_ab_test(name.strip(), config)
         launched = self._spawn("ab", ["eval", "--ab-test", str(ab_id)], f"ab-{ab_id}.log", ab_id=ab_id)
         # The brief's place for the log: <data-dir>/ab/<id>.log (a link to the file being written).
@@ -147,10 +150,12 @@ class AbTestsPart:
             source = f"no run with recurring tasks yet: the default config ({DEFAULT_CONFIG.name})"
         env, n = settings["env"], min(settings["task_set"], 16)
         if env not in envs or not n:  # no default config here: the tab as it was, env seeds
-            return {"env": None, "seeds": "0-15", "task_ids": False, "max_turns": 0, "note": ""}
+            return {"env": None, "seeds": "0-15", "task_ids": False, "max_turns": 0, "constrain_actions": False, "note": ""}
         turns = f", at most {settings['max_turns']} turns" if settings["max_turns"] else ""
-        note = f"Opens on {source}: `{env}`, {task_noun(env)}s 0–{n - 1} (recurring task ids){turns}."
-        return {"env": env, "seeds": f"0-{n - 1}", "task_ids": True, "max_turns": settings["max_turns"], "note": note}
+        constrained = ", the policy within the env's admissible actions" if settings["constrain_actions"] else ""
+        note = f"Opens on {source}: `{env}`, {task_noun(env)}s 0–{n - 1} (recurring task ids){turns}{constrained}."
+        return {"env": env, "seeds": f"0-{n - 1}", "task_ids": True, "max_turns": settings["max_turns"],
+                "constrain_actions": settings["constrain_actions"], "note": note}
 
     def ab_tests_table(self) -> pd.DataFrame:
         self.reap_processes()
