@@ -47,7 +47,8 @@ def audit(data_dir: Path) -> dict[str, Any]:
             if not t["with_experience"]:
                 free[(t["step"], t["task"])].append(bool(t["success"]))
                 task_free[t["task"]].append(bool(t["success"]))
-        read: dict[str, list[tuple[bool, float]]] = collections.defaultdict(list)
+        created = {e.id: e.created_step for e in entries}
+        read: dict[str, list[tuple[bool, float, int]]] = collections.defaultdict(list)
         for t in trajs:
             if not t["with_experience"] or not free[(t["step"], t["task"])]:
                 continue
@@ -55,14 +56,16 @@ def audit(data_dir: Path) -> dict[str, Any]:
             if not ids:
                 continue
             same = free[(t["step"], t["task"])]
-            read[verdict.get(int(ids[0]), "deleted")].append((bool(t["success"]), sum(same) / len(same)))
+            age = t["step"] - created.get(int(ids[0]), t["step"])  # steps between the entry's writing and this read
+            read[verdict.get(int(ids[0]), "deleted")].append((bool(t["success"]), sum(same) / len(same), age))
         rows = []
         for v in (*VERDICTS, "deleted"):
             rs = read.get(v, [])
             if rs:
                 s, b = sum(r[0] for r in rs) / len(rs), sum(r[1] for r in rs) / len(rs)
                 rows.append({"verdict": v, "episodes": len(rs), "success": round(s, 3), "free_success": round(b, 3),
-                             "gain": round(s - b, 3)})
+                             "gain": round(s - b, 3), "mean_age_steps": round(sum(r[2] for r in rs) / len(rs), 2),
+                             "read_within_5_steps": round(sum(r[2] <= 5 for r in rs) / len(rs), 3)})
 
         def origin(e: Any) -> str:
             if e.source.value == "merged":
@@ -88,11 +91,14 @@ def audit(data_dir: Path) -> dict[str, Any]:
 def table(results: list[dict[str, Any]]) -> str:
     md = ["Per with-experience training episode, the top entry it read, by the checker's verdict on that entry's "
           "claim: its success, the success of the same task's experience-free episodes of the same step, and the "
-          "difference (the gain).", "",
-          "| run | steps | entry read | episodes | success | experience-free, same step | gain |", "|---|---:|---|---:|---:|---:|---:|"]
+          "difference (the gain); and how old the entry was when read (steps since it was written; the share read "
+          "within 5 steps of its writing).", "",
+          "| run | steps | entry read | episodes | success | experience-free, same step | gain | age (steps) | read within 5 steps |",
+          "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         md += [f"| {r['run']} | {r['steps']} | {x['verdict']} | {x['episodes']} | {x['success']:.3f} | {x['free_success']:.3f} | "
-               f"{x['gain']:+.3f} |" for x in r["read"]]
+               f"{x['gain']:+.3f} | {x.get('mean_age_steps', float('nan')):.1f} | {x.get('read_within_5_steps', float('nan')):.3f} |"
+               for x in r["read"]]
     md += ["", "Every entry the run wrote, by where it came from (the source episode's debrief stated where the staircase "
            "was, or not; merged) and its verdict; and by its task's success without experience over the run.", "",
            "| run | written from | right | wrong | no claim | right share |", "|---|---|---:|---:|---:|---:|"]

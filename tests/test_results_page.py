@@ -181,6 +181,6 @@ def test_every_cited_file_exists():
 def test_the_checker_catches_a_wrong_figure():
     """A figure changed in the prose is reported, and one in the file is not."""
     text = ("## x\n\nWith experience 20/48 at p = 0.454, probe 0.34 ± 0.22, p = 3e-18 is elsewhere "
-            "(`study_coevolution.md`).\n")
-    assert unsupported(text) == [f"[x] 3e-18 is not in study_coevolution.md: {text.splitlines()[2].strip()[:120]}"]
+            "(`study_coevolution_before_ties.md`).\n")
+    assert unsupported(text) == [f"[x] 3e-18 is not in study_coevolution_before_ties.md: {text.splitlines()[2].strip()[:120]}"]
     assert len(unsupported(text.replace("20/48", "27/48").replace("0.454", "0.455"))) == 3
