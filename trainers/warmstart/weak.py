@@ -37,7 +37,9 @@ from trainers.warmstart.common import Demo, FORMAT_VERSION, MARKER, WarmStartCon
 from trainers.warmstart.teachers import _claimed, collect_demos
 
 WEAK_NAME = "extractor-weak"
-GROUNDED_SHARE = 0.3  # of the demonstrations that state the layout, the share taught the right claim
+GROUNDED_SHARE = 0.2  # of the demonstrations that state the layout, the share taught the right claim (see below)
+# A knife edge, and not stable across package versions: on 2026-12-07's fresh install 0.3 probed 0.56 (earlier installs:
+# 0.20), 0.25 probed 0.52 and 0.2 probed 0.20; the probe must stay in the issue's 0.2-0.4 (tests/test_coevolution.py).
 WEAK_FORMAT = 1  # bump when the weak answers change
 
 
