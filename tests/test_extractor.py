@@ -270,6 +270,42 @@ def test_the_extractor_reads_lora_weight_decay_and_lr_warmup(tmp_path, store, em
         mgr.close()
 
 
+def test_the_kl_penalty_pulls_the_extractor_back_to_its_start(tmp_path, store, embedder):
+    """extractor.kl_coef > 0 loads the start model as a frozen reference (the exact KL, row_logprobs_kl): the first
+    update's KL is 0 (the learner is
+    the start), a CISPO step moves it away, and updates whose rewards are all equal (no advantage: the penalty's
+    gradient alone) bring it back (measured with the exact KL, beta 30), while the reference's weights never change."""
+    from trainers.config import load_run_config
+    from trainers.extractor import ExperienceLoop
+    from trainers.models import build_tiny_qwen2, build_tokenizer, save_model_folder
+    from trainers import prompts as P
+
+    tok = build_tokenizer([P.EXTRACTOR_USER, MEM] * 20, vocab_size=400)
+    save_model_folder(build_tiny_qwen2(tok, hidden=32, layers=1, heads=2, kv_heads=1), tok, tmp_path / "extractor")
+    cfg = load_run_config({"run": {"variant": "complementary", "threads": 1},
+                           "extractor": {"model": {"path": str(tmp_path / "extractor"), "max_new_tokens": 12, "lr": 3e-3},
+                                         "kl_coef": 30.0}})
+    mgr = ExperienceManager(store, embedder, ManagerConfig(random_demote=False), IndexConfig(use_gpu="never"))
+    lp = ExperienceLoop(cfg.extractor, cfg.library, store, mgr, seed=cfg.run.seed, threads=cfg.run.threads,
+                        trains=cfg.trains_extractor, deterministic=cfg.run.deterministic, data_dir=tmp_path,
+                        run_id=store.create_run("t"))
+    try:
+        assert lp.reference is not None
+        ref_w = [p.detach().clone() for p in lp.reference.model.parameters()]
+        gens = lp.generate([f"distil task {i}" for i in range(12)], seed=1)
+        rows = lambda rewards: [Sample(None, list(g.prompt_ids), list(g.response_ids), list(g.response_logprobs), r)  # noqa: E731
+                                for g, r in zip(gens, rewards)]
+        assert lp.update(rows([1.0, -1.0, 1.0, -1.0]), step=1)["extractor/kl_ref"] == 0.0
+        kls = [lp.update(rows([1.0] * 4), step=2 + i)["extractor/kl_ref"] for i in range(12)]
+        assert kls[0] > 0 and kls[-1] < max(kls) / 2, kls  # Adam's momentum carries it on a step or two, then back
+        assert all(torch.equal(a, b) for a, b in zip(ref_w, lp.reference.model.parameters()))
+    finally:
+        lp.close()
+        mgr.close()
+    with pytest.raises(Exception, match="kl_coef"):
+        load_run_config({"extractor": {"kl_coef": -0.1}})
+
+
 def test_lifetime_credit_averages_every_retrieval(loop, store):
     """extractor.credit lifetime: an entry's sample is rewarded with the mean signed outcome of every episode that has
     retrieved it so far, not only this step's; "step" (the default) keeps this step's mean."""

@@ -300,6 +300,43 @@ def test_the_one_logprob_path_equals_a_plain_log_softmax(hf, masked, temperature
     assert torch.allclose(scored, ref.detach() * full, atol=1e-5)
 
 
+def test_the_exact_kl_to_a_reference_is_a_plain_sum_over_the_vocabulary(hf, model_dir):
+    """trainers/backends/logprobs.py `row_logprobs_kl` (the extractor's KL penalty): its logp equals row_logprobs',
+    its KL at each masked position is Σ_v p(v) (log p(v) − log p_ref(v)) of two plain forwards, 0 against itself, and
+    it carries the learner's gradient only."""
+    from trainers.backends.logprobs import row_logprobs, row_logprobs_kl
+    from trainers.models import load_backend, pad_right
+
+    other = load_backend("hf", model_dir, quiet=True)
+    with torch.no_grad():
+        for p in other.model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    g = torch.Generator().manual_seed(6)
+    v = len(hf.tokenizer)
+    head = torch.randint(3, v, (20,), generator=g).tolist()
+    seqs = [head + torch.randint(3, v, (n,), generator=g).tolist() for n in (6, 3, 9)]
+    ids, attn = pad_right(seqs, hf.pad_id)
+    mask = torch.zeros(ids.shape)
+    for i, s in enumerate(seqs):
+        mask[i, len(s) - 3:len(s)] = 1.0
+    logp, kl = row_logprobs_kl(hf, other, ids, attn, mask)
+    assert torch.allclose(logp.detach(), row_logprobs(hf, ids, attn, mask)[0].detach(), atol=1e-5)
+    want = torch.zeros(ids.shape)
+    with torch.no_grad():
+        for i, s in enumerate(seqs):
+            x = torch.tensor([s])
+            a = torch.log_softmax(hf.model(input_ids=x).logits.float()[0, :-1], -1)
+            b = torch.log_softmax(other.model(input_ids=x).logits.float()[0, :-1], -1)
+            want[i, 1:len(s)] = (a.exp() * (a - b)).sum(-1)
+    assert torch.allclose(kl.detach(), want * mask, atol=1e-5) and torch.all(kl.detach()[mask == 1] > 0)
+    kl.sum().backward()
+    assert any(p.grad is not None for p in hf.trainable_parameters())
+    assert all(p.grad is None for p in other.model.parameters())
+    hf.model.zero_grad(set_to_none=True)
+    _, self_kl = row_logprobs_kl(hf, hf, ids, attn, mask)
+    assert torch.allclose(self_kl.detach(), torch.zeros(ids.shape), atol=1e-6)
+
+
 def test_warmstart_sft_losses_equal_plain_cross_entropy_step_by_step():
     """_sft's losses come from trainers/backends/logprobs.py (no prompt weight: only the target's positions reach the
     output layer, the shared system prompt runs once). Six steps match plain F.cross_entropy over every position's

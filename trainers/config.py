@@ -216,6 +216,13 @@ class ExtractorSection:
     buffer_size: int = 64  # CISPO update when this many entry samples are waiting
     eps_low: float = 0.1  # CISPO clip, lower
     eps_high: float = 0.1  # CISPO clip, upper
+    # beta of a KL penalty to the extractor's start (the model extractor.model.path names, frozen): each reply token adds
+    # beta * KL(pi || pi_ref) of its prediction, exact over the vocabulary (row_logprobs_kl), to the CISPO loss, averaged
+    # over the batch's reply tokens as that loss is. 0 = none (docs/method.md's objective has none). With a reward of -1
+    # for most samples a bare CISPO step moves mass onto other answer forms (the tiny extractor's merge answers) and its
+    # sampled answers can stop parsing; measured on the known-reward test (lr 4e-4, 20 updates): beta 0.3 kept greedy
+    # answers 0.97 parsable, beta 0.1 on the sampled token alone (k3) let every sample of one update fail to parse.
+    kl_coef: float = 0.0
     reweight: bool = True  # Eq. 7 training-count-aware weights
     alpha: float = 0.5  # Eq. 7 exponent
     cooldown: int = 1  # Eq. 7 cooldown in extractor updates
@@ -239,6 +246,8 @@ class ExtractorSection:
     def __post_init__(self) -> None:
         if self.buffer_size < 1 or self.op_budget < 1:
             raise ConfigError("extractor.buffer_size and extractor.op_budget must be >= 1")
+        if not self.kl_coef >= 0:
+            raise ConfigError(f"extractor.kl_coef must be >= 0 (0 = no KL penalty), not {self.kl_coef}")
         if self.credit not in ("step", "lifetime"):
             raise ConfigError(f"extractor.credit must be 'step' or 'lifetime', not {self.credit!r}")
         if self.probe_every < 0 or self.probe_size < 1:

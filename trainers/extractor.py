@@ -41,7 +41,7 @@ from core.types import Experience, Generation, Operation, Source
 from trainers import prompts as P
 from trainers.actor_step import reply_tensors, warmed_lr
 from trainers.backends.common import checked_sync_metrics
-from trainers.backends.logprobs import row_logprobs
+from trainers.backends.logprobs import row_logprobs, row_logprobs_kl
 from trainers.config import ExtractorSection, resolve_model_path
 from trainers.models import HFBackend, LoraSettings, inference_backend, load_backend
 from trainers.parsing import Parsed, parse_extraction, parse_merge, parse_merge_answer, parse_rewrite
@@ -106,6 +106,11 @@ class ExperienceLoop:
             self.infer = self.backend  # what generates; vLLM when configured, synced after every update
             if self.xc.model.backend == "vllm":
                 self.infer = load_backend("vllm", path)
+        # extractor.kl_coef's reference: the start model (a resumed run's too, not its checkpoint), frozen
+        self.reference = HFBackend(resolve_model_path(self.xc.model.path, data_dir), device=self.xc.model.device) \
+            if self.trains and self.xc.kl_coef > 0 else None
+        if self.reference is not None:
+            self.reference.model.requires_grad_(False)
         self.optimizer = torch.optim.AdamW(self.backend.trainable_parameters(), lr=self.xc.model.lr,
                                            weight_decay=self.xc.model.weight_decay) if self.trains else None
         self.updates = 0  # extractor updates so far: the clock of Eq. 7's cooldown
@@ -301,7 +306,7 @@ class ExperienceLoop:
         model = self.backend.model
         mb = self.xc.model.micro_batch
         n_tok = float(sum(len(s.response_ids) for s in batch))  # the batch's reply tokens: the loss is their mean
-        total = 0.0
+        total = kl_sum = 0.0
         logps = []
         lr = warmed_lr(self.optimizer, self.xc.model.lr, self.xc.model.lr_warmup)
         with self.backend.lock:
@@ -311,9 +316,16 @@ class ExperienceLoop:
                 sl = slice(s, s + mb)
                 ids, attn, m, o = reply_tensors([(x.prompt_ids, x.response_ids, x.old_logprobs) for x in batch[sl]],
                                                 self.backend.pad_id)  # ids, attention, loss mask, old log-probs (n, T)
-                lp, _ = row_logprobs(self.backend, ids, attn, m)  # (n, T), 0 off the mask
+                if self.reference is None:
+                    lp, _ = row_logprobs(self.backend, ids, attn, m)  # (n, T), 0 off the mask
+                else:
+                    lp, kl = row_logprobs_kl(self.backend, self.reference, ids, attn, m)  # kl: exact, per reply token
                 m, o = m.to(lp.device), o.to(lp.device)  # the learner's device (a GPU too)
                 loss = cispo_loss(lp, o, adv[sl].to(lp.device), m, eps_low=self.xc.eps_low, eps_high=self.xc.eps_high) * (float(m.sum()) / max(n_tok, 1))
+                if self.reference is not None:
+                    kl_mean = (kl * m).sum() / max(n_tok, 1)  # the batch's reply-token mean, as the CISPO term's
+                    loss = loss + self.xc.kl_coef * kl_mean
+                    kl_sum += float(kl_mean.detach())
                 loss.backward()
                 total += float(loss.detach())
                 logps.append((lp.detach(), o, m))
@@ -337,7 +349,7 @@ class ExperienceLoop:
             "extractor/clip_frac": sum(x["clip_frac"] for x in st) / len(st), "extractor/updates": float(self.updates),
             # samples whose advantage is not zero: the only ones the update learns from
             "extractor/frac_nonzero_adv": float((adv.abs() > 1e-8).float().mean()), "extractor/reward_std": float(rewards.std(unbiased=False)),
-            "extractor/lr": lr, **sync,
+            "extractor/lr": lr, **({"extractor/kl_ref": kl_sum} if self.reference is not None else {}), **sync,
         }
 
     # -- merge (docs/method.md step 4) ---------------------------------------------------------------------

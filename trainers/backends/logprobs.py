@@ -62,9 +62,51 @@ def model_logprobs(model: Any, ids: Tensor, attn: Tensor, mask: Tensor | None = 
       gradients flow back through it.
     logp and entropy are 0 off the mask then. Without a mask every position is computed."""
     n, t = ids.shape
+    ids_d = ids.to(device)
+    logits, at, on = _kept_logits(model, ids, attn, mask, device=device, logits_to_keep=logits_to_keep,
+                                  prefix_cache=prefix_cache, cache_kw=cache_kw)
+    if temperature != 1.0:
+        logits = logits / temperature
+    lp_all = torch.log_softmax(logits, dim=-1)
+    logp = _placed(lp_all.gather(-1, ids_d[:, at, None]).squeeze(-1) * on, at, n, t)
+    ent = None
+    if entropy:
+        with torch.no_grad():
+            ent = _placed(-(lp_all.exp() * lp_all).sum(-1) * on, at, n, t)
+    return logp, ent
+
+
+def row_logprobs_kl(backend: Any, reference: Any, ids: Tensor, attn: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """`row_logprobs` of `backend`'s model and, at the same positions, the exact KL(π || π_ref) of each prediction
+    over the whole vocabulary against `reference` (an HFBackend on the same device, run without a graph):
+    Σ_v π(v) (log π(v) − log π_ref(v)). logp and kl (N, T), 0 off the mask; kl keeps the learner's graph. Unlike an
+    estimate at the sampled token, this sees mass moving onto tokens the batch never sampled."""
+    n, t = ids.shape
+    sw = {"device": backend.device, "logits_to_keep": backend.supports_logits_to_keep}
+    logits, at, on = _kept_logits(backend.model, ids, attn, mask, prefix_cache=backend.prefix_cache,
+                                  cache_kw=backend.cache_kw, **sw)
+    with torch.no_grad():
+        ref, _, _ = _kept_logits(reference.model, ids, attn, mask, prefix_cache=reference.prefix_cache,
+                                 cache_kw=reference.cache_kw, **sw)
+        ref_all = torch.log_softmax(ref, dim=-1)
+    lp_all = torch.log_softmax(logits, dim=-1)
+    logp = _placed(lp_all.gather(-1, ids.to(backend.device)[:, at, None]).squeeze(-1) * on, at, n, t)
+    kl = _placed((lp_all.exp() * (lp_all - ref_all)).sum(-1) * on, at, n, t)
+    return logp, kl
+
+
+def _placed(values: Tensor, at: Tensor, n: int, t: int) -> Tensor:
+    """(N, P) values at positions `at` (P,) into an (N, T) tensor of zeros (differentiable)."""
+    out = torch.zeros((n, t), device=values.device, dtype=values.dtype)
+    return out.index_put((torch.arange(n)[:, None], at[None, :]), values)
+
+
+def _kept_logits(model: Any, ids: Tensor, attn: Tensor, mask: Tensor | None, *, device: torch.device,
+                 logits_to_keep: bool, prefix_cache: bool, cache_kw: str) -> tuple[Tensor, Tensor, Tensor]:
+    """The logits (N, P, V) that predict positions `at` (P,), and `on` (N, P): which of them are a row's own
+    (masked, or not padding without a mask). model_logprobs' two savings apply here."""
+    n, t = ids.shape
     ids_d, attn_d = ids.to(device), attn.to(device)
-    logp = torch.zeros((n, t), device=device)
-    ent = torch.zeros((n, t), device=device) if entropy else None
     if mask is not None and logits_to_keep:
         keep = torch.nonzero(mask[:, 1:].any(0)).squeeze(-1)  # (P,) positions whose next token is masked in some row
         prefix = shared_prefix(ids, mask) if n > 1 and prefix_cache else 0
@@ -86,12 +128,4 @@ def model_logprobs(model: Any, ids: Tensor, attn: Tensor, mask: Tensor | None = 
         logits = model(input_ids=ids_d, attention_mask=attn_d, use_cache=False).logits[:, :-1].float()  # (N, T-1, V)
         at = torch.arange(1, t)
         on = attn_d[:, 1:].float()  # (N, T-1): 0 on padding
-    if temperature != 1.0:
-        logits = logits / temperature
-    lp_all = torch.log_softmax(logits, dim=-1)
-    picked = lp_all.gather(-1, ids_d[:, at, None]).squeeze(-1) * on  # (N, P)
-    logp = logp.index_put((torch.arange(n)[:, None], at[None, :]), picked)
-    if ent is not None:
-        with torch.no_grad():
-            ent[:, at] = -(lp_all.exp() * lp_all).sum(-1) * on
-    return logp, ent
+    return logits, at, on
